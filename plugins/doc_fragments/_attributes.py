@@ -1,0 +1,33 @@
+# Copyright: numafleet.tuning contributors
+# SPDX-License-Identifier: GPL-3.0-or-later
+from __future__ import annotations
+
+
+class ModuleDocFragment:
+    """Shared attributes blocks for the collection's modules."""
+
+    DOCUMENTATION = r"""
+options: {}
+attributes:
+  check_mode:
+    description: Can run in check mode and return changed status prediction without modifying target.
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check mode), when in diff mode.
+  idempotent:
+    description: Running the module twice with the same arguments changes nothing the second time.
+"""
+
+    FACTS_MODULE = r"""
+options: {}
+attributes:
+  facts:
+    description: Action returns an C(ansible_facts) dictionary that will update existing host facts.
+    support: full
+  check_mode:
+    support: full
+  diff_mode:
+    support: N/A
+    details: Facts modules change nothing, so there is no diff.
+  idempotent:
+    support: full
+"""

@@ -1,0 +1,36 @@
+# Private to this collection: may change in any release.
+from __future__ import annotations
+
+
+class NumaTuneError(Exception):
+    """Base of every error the collection raises; str(exc) is a complete message for the user."""
+
+
+class TopologyError(NumaTuneError):
+    """A sysfs/procfs path could not be read or made no sense; carries the path and the reason."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason}")
+
+
+class CpulistError(NumaTuneError):
+    """A cpulist ("0-3,8") or cpumask ("ff,00000000") string does not parse."""
+
+    def __init__(self, text: str, reason: str) -> None:
+        self.text = text
+        self.reason = reason
+        super().__init__(f"invalid CPU set {text!r}: {reason}")
+
+
+class SnapshotError(NumaTuneError):
+    """A GPU snapshot file could not be read or written, or does not have the expected shape."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(
+            f"GPU snapshot {path}: {reason}. Record a new one with "
+            "numafleet.tuning.gpu_topology_facts snapshot_out=PATH on the host."
+        )

@@ -1,0 +1,172 @@
+# Private to this collection: may change in any release.
+"""PCI devices that matter for placement, with their NUMA locality and PCIe upstream path."""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+from .sysfs import Reader
+
+PCI_DIR = ("bus", "pci", "devices")
+# PCI addresses: domain (16 bits usually, 32 bits on VMD/Hyper-V hosts), bus, device, function.
+_ADDRESS_RE = re.compile(r"^([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
+VENDOR_NVIDIA = "0x10de"
+VENDOR_AMD = "0x1002"
+# class code (base class + subclass, 4 hex digits) -> device kind; see the PCI Code and ID
+# Assignment specification. GPU classes count only for GPU vendors.
+_GPU_CLASSES = ("0x0300", "0x0302", "0x0380", "0x1200")
+_KIND_BY_CLASS = {
+    "0x0200": "nic",  # Ethernet controller
+    "0x0207": "nic",  # InfiniBand controller
+    "0x0502": "cxl_memory",  # CXL memory device (prog-if 0x10)
+}
+_NVME_CLASS = "0x010802"
+_BRIDGE_CLASS = "0x0604"
+
+
+@dataclass(frozen=True)
+class PciDevice:
+    """One PCI function with its locality; ``numa_node`` is None when sysfs says -1."""
+
+    address: str
+    domain: int
+    bus: int
+    kind: Optional[str]
+    class_code: Optional[str]
+    vendor_id: Optional[str]
+    device_id: Optional[str]
+    numa_node: Optional[int]
+    local_cpus: Optional[tuple]
+    node: Optional[int]
+    node_source: Optional[str]
+    host_bridge: Optional[str]
+    upstream: tuple
+    root_port: Optional[str]
+    switch: Optional[str]
+
+
+def parse_address(text: str) -> tuple:
+    """(domain, bus, device, function) of a PCI address like 0000:17:00.0; raises ValueError."""
+    match = _ADDRESS_RE.match(text.strip())
+    if not match:
+        raise ValueError(f"{text!r} is not a PCI address DDDD:BB:DD.F")
+    return tuple(int(part, 16) for part in match.groups())
+
+
+def classify(class_code: Optional[str], vendor_id: Optional[str]) -> Optional[str]:
+    """Device kind (gpu, nic, nvme, cxl_memory) of a class code and vendor id, or None."""
+    if not class_code:
+        return None
+    short = class_code[:6].lower()
+    if short in _GPU_CLASSES and vendor_id in (VENDOR_NVIDIA, VENDOR_AMD):
+        return "gpu"
+    if class_code.lower() == _NVME_CLASS:
+        return "nvme"
+    return _KIND_BY_CLASS.get(short)
+
+
+def infer_node(numa_node: Optional[int], local_cpus, node_cpus: dict) -> tuple:
+    """(node, source) from sysfs numa_node, else from local CPUs equal to exactly one node's CPUs."""
+    if numa_node is not None:
+        return numa_node, "numa_node"
+    if local_cpus:
+        wanted = set(local_cpus)
+        matches = [nid for nid, cpus in node_cpus.items() if cpus and set(cpus) == wanted]
+        if len(matches) == 1:
+            return matches[0], "local_cpulist"
+    return None, None
+
+
+def _upstream(reader: Reader, link: str, address: str) -> tuple:
+    """(host bridge, upstream PCI addresses from the root down, excluding the device itself)."""
+    real = reader.realpath(link)
+    parts = real.split(os.sep)
+    host_bridge = next((p for p in parts if p.startswith("pci") and ":" in p), None)
+    chain = []
+    for part in parts:
+        if _ADDRESS_RE.match(part):
+            chain.append(part.lower())
+    if chain and chain[-1] == address:
+        chain.pop()
+    return host_bridge, tuple(chain), os.path.dirname(real)
+
+
+def _bridge_class(reader: Reader, real_parent: str, depth: int) -> Optional[str]:
+    path = real_parent
+    for dummy in range(depth):
+        path = os.path.dirname(path)
+    text = reader.text(os.path.join(path, "class"), optional=True)
+    return text[:6].lower() if text else None
+
+
+def _read_device(reader: Reader, address: str, node_cpus: dict) -> PciDevice:
+    link = reader.sys(*PCI_DIR, address)
+    class_code = reader.text(f"{link}/class", optional=True)
+    vendor_id = reader.text(f"{link}/vendor", optional=True)
+    device_id = reader.text(f"{link}/device", optional=True)
+    raw_node = reader.integer(f"{link}/numa_node", optional=True)
+    numa_node = raw_node if raw_node is not None and raw_node >= 0 else None
+    local = reader.cpulist(f"{link}/local_cpulist", optional=True)
+    if local is None:
+        local = reader.cpumask(f"{link}/local_cpus", optional=True)
+    node, source = infer_node(numa_node, local, node_cpus)
+    host_bridge, chain, real_parent = _upstream(reader, link, address)
+    # The switch above a device is the upstream port whose downstream port leads to it:
+    # chain = [root port, switch upstream, switch downstream, ...]. Only bridges count.
+    switch = None
+    if len(chain) >= 3 and _bridge_class(reader, real_parent, 1) == _BRIDGE_CLASS:
+        switch = chain[-2]
+    domain, bus = parse_address(address)[:2]
+    return PciDevice(
+        address=address,
+        domain=domain,
+        bus=bus,
+        kind=classify(class_code, vendor_id),
+        class_code=class_code,
+        vendor_id=vendor_id,
+        device_id=device_id,
+        numa_node=numa_node,
+        local_cpus=tuple(local) if local is not None else None,
+        node=node,
+        node_source=source,
+        host_bridge=host_bridge,
+        upstream=chain,
+        root_port=chain[0] if chain else None,
+        switch=switch,
+    )
+
+
+def read_pci_devices(reader: Reader, node_cpus: dict) -> list:
+    """Every PCI function under <sysfs_root>/bus/pci/devices, sorted by address.
+
+    ``node_cpus`` maps node id -> CPUs and is used to infer an unknown node from local CPUs.
+    Entries whose name is not a PCI address become warnings.
+    """
+    base = reader.sys(*PCI_DIR)
+    devices = []
+    for name in reader.listdir(base, optional=True):
+        try:
+            parse_address(name)
+        except ValueError as exc:
+            reader.warn(f"{base}/{name}", str(exc))
+            continue
+        devices.append(_read_device(reader, name.lower(), node_cpus))
+    return sorted(devices, key=lambda dev: parse_address(dev.address))
+
+
+def placement_devices(devices: list) -> list:
+    """The devices that matter for placement: GPUs, NICs, NVMe and CXL memory."""
+    return [dev for dev in devices if dev.kind is not None]
+
+
+def as_facts(devices: list) -> list:
+    """JSON-ready list of PciDevice dicts (``ansible_facts.numa.pci_devices``)."""
+    out = []
+    for dev in devices:
+        data = asdict(dev)
+        data["upstream"] = list(dev.upstream)
+        data["local_cpus"] = list(dev.local_cpus) if dev.local_cpus is not None else None
+        out.append(data)
+    return out

@@ -1,0 +1,360 @@
+# Private to this collection: may change in any release.
+"""NUMA nodes, CPUs, hugepage pools and kernel NUMA knobs read from sysfs/procfs."""
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+from .cpulist import format_cpulist
+from .sysfs import Reader
+
+NODE_DIR = ("devices", "system", "node")
+CPU_DIR = ("devices", "system", "cpu")
+KIND_CPU_MEMORY = "cpu+memory"
+KIND_CPU_ONLY = "cpu-only"
+KIND_MEMORY_ONLY = "memory-only"
+KIND_EMPTY = "empty"
+_NODE_RE = re.compile(r"^node([0-9]+)$")
+_CPU_RE = re.compile(r"^cpu([0-9]+)$")
+_POOL_RE = re.compile(r"^hugepages-([0-9]+)kB$")
+_MEMINFO_RE = re.compile(r"^(?:Node\s+\d+\s+)?([A-Za-z0-9_()]+):\s+(\d+)(?:\s+kB)?$")
+
+
+@dataclass(frozen=True)
+class HugepagePool:
+    """One hugepage pool: page size and page counts (pages, not kB)."""
+
+    size_kb: int
+    total: Optional[int]
+    free: Optional[int]
+    surplus: Optional[int]
+    reserved: Optional[int]
+
+
+@dataclass(frozen=True)
+class NumaNode:
+    """One NUMA node as sysfs shows it."""
+
+    id: int
+    cpus: tuple
+    memory_kb: Optional[int]
+    memfree_kb: Optional[int]
+    kind: str
+    distances: tuple
+    hugepages: tuple
+    numastat: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Cpu:
+    """One logical CPU; topology fields are None when the CPU is offline (no topology/ dir)."""
+
+    id: int
+    online: bool
+    node: Optional[int]
+    package: Optional[int]
+    die: Optional[int]
+    core: Optional[int]
+    siblings: tuple
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Everything numa_facts reports except PCI devices."""
+
+    numa_enabled: bool
+    node_ids: tuple
+    nodes: tuple
+    cpus: dict
+    per_cpu: tuple
+    packages: tuple
+    hugepages: tuple
+    default_hugepage_size_kb: Optional[int]
+    kernel: dict
+    consistency: tuple
+
+
+def parse_meminfo(text: str) -> dict:
+    """{field: int} of a /proc/meminfo or nodeN/meminfo text (values in kB or pages); raises ValueError."""
+    values: dict = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        match = _MEMINFO_RE.match(line)
+        if not match:
+            raise ValueError(f"line {line!r} is not 'Field: value'")
+        values[match.group(1)] = int(match.group(2))
+    if not values:
+        raise ValueError("no fields")
+    return values
+
+
+def parse_counters(text: str) -> dict:
+    """{name: int} of a 'name value' per line file (nodeN/numastat); raises ValueError."""
+    values: dict = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if not parts:
+            continue
+        if len(parts) != 2 or not parts[1].isdigit():
+            raise ValueError(f"line {line.strip()!r} is not 'name count'")
+        values[parts[0]] = int(parts[1])
+    if not values:
+        raise ValueError("no counters")
+    return values
+
+
+def parse_distances(text: str) -> tuple:
+    """Distance row of a nodeN/distance file; raises ValueError."""
+    row = tuple(int(value) for value in text.split())
+    if not row:
+        raise ValueError("empty distance row")
+    return row
+
+
+def parse_selected(text: str) -> str:
+    """The bracketed choice of a sysfs selector ("always [madvise] never" -> "madvise"); raises ValueError."""
+    match = re.search(r"\[([^\]]+)\]", text)
+    if not match:
+        raise ValueError(f"no [selected] value in {text!r}")
+    return match.group(1)
+
+
+def node_kind(cpus, memory_kb: Optional[int]) -> str:
+    """cpu+memory, cpu-only, memory-only or empty for a node's CPUs and memory size."""
+    has_memory = bool(memory_kb)
+    if cpus:
+        return KIND_CPU_MEMORY if has_memory else KIND_CPU_ONLY
+    return KIND_MEMORY_ONLY if has_memory else KIND_EMPTY
+
+
+def _read_pools(reader: Reader, directory: str, with_reserved: bool) -> tuple:
+    pools = []
+    for name in reader.listdir(directory, optional=True):
+        match = _POOL_RE.match(name)
+        if not match:
+            continue
+        pool = f"{directory}/{name}"
+        pools.append(
+            HugepagePool(
+                size_kb=int(match.group(1)),
+                total=reader.integer(f"{pool}/nr_hugepages"),
+                free=reader.integer(f"{pool}/free_hugepages"),
+                surplus=reader.integer(f"{pool}/surplus_hugepages", optional=True),
+                reserved=reader.integer(f"{pool}/resv_hugepages", optional=True)
+                if with_reserved
+                else None,
+            )
+        )
+    return tuple(sorted(pools, key=lambda pool: pool.size_kb))
+
+
+def _listed_ids(reader: Reader, directory: str, pattern) -> list:
+    ids = []
+    for name in reader.listdir(directory, optional=True):
+        match = pattern.match(name)
+        if match:
+            ids.append(int(match.group(1)))
+    return sorted(ids)
+
+
+def _read_node(reader: Reader, node_id: int) -> NumaNode:
+    base = reader.sys(*NODE_DIR, f"node{node_id}")
+    cpus = reader.cpulist(f"{base}/cpulist", optional=True)
+    if cpus is None:
+        cpus = reader.cpumask(f"{base}/cpumap") or []
+    meminfo = reader.parsed(f"{base}/meminfo", parse_meminfo) or {}
+    memory_kb = meminfo.get("MemTotal")
+    return NumaNode(
+        id=node_id,
+        cpus=tuple(cpus),
+        memory_kb=memory_kb,
+        memfree_kb=meminfo.get("MemFree"),
+        kind=node_kind(cpus, memory_kb),
+        distances=reader.parsed(f"{base}/distance", parse_distances) or (),
+        hugepages=_read_pools(reader, f"{base}/hugepages", with_reserved=False),
+        numastat=reader.parsed(f"{base}/numastat", parse_counters, optional=True) or {},
+    )
+
+
+def _cpu_sets(reader: Reader, cpu_ids: list) -> dict:
+    base = reader.sys(*CPU_DIR)
+    sets = {}
+    for name in ("possible", "present", "online", "offline", "isolated", "nohz_full"):
+        sets[name] = reader.cpulist(f"{base}/{name}", optional=True)
+    if sets["online"] is None:  # old kernels: derive from cpuN/online (cpu0 often has none)
+        sets["online"] = [
+            cpu
+            for cpu in cpu_ids
+            if reader.integer(f"{base}/cpu{cpu}/online", optional=True) in (None, 1)
+        ]
+    if sets["offline"] is None:
+        sets["offline"] = sorted(set(cpu_ids) - set(sets["online"]))
+    for name in ("possible", "present"):
+        if sets[name] is None:
+            sets[name] = list(cpu_ids)
+    for name in ("isolated", "nohz_full"):
+        if sets[name] is None:
+            sets[name] = []
+    return sets
+
+
+def _read_cpu(reader: Reader, cpu: int, online: bool, node_of: dict) -> Cpu:
+    topo = reader.sys(*CPU_DIR, f"cpu{cpu}", "topology")
+    if not online or not reader.exists(topo):
+        return Cpu(cpu, online, node_of.get(cpu), None, None, None, ())
+    die = reader.integer(f"{topo}/die_id", optional=True)
+    siblings = reader.cpulist(f"{topo}/thread_siblings_list", optional=True)
+    if siblings is None:
+        siblings = reader.cpumask(f"{topo}/thread_siblings") or [cpu]
+    return Cpu(
+        id=cpu,
+        online=True,
+        node=node_of.get(cpu),
+        package=reader.integer(f"{topo}/physical_package_id"),
+        die=None if die is None or die < 0 else die,
+        core=reader.integer(f"{topo}/core_id"),
+        siblings=tuple(siblings),
+    )
+
+
+def _packages(per_cpu: tuple) -> tuple:
+    packages: dict = {}
+    for cpu in per_cpu:
+        if cpu.package is None:
+            continue
+        entry = packages.setdefault(cpu.package, {"id": cpu.package, "cpus": [], "nodes": set()})
+        entry["cpus"].append(cpu.id)
+        if cpu.node is not None:
+            entry["nodes"].add(cpu.node)
+    return tuple(
+        {"id": pid, "cpus": sorted(entry["cpus"]), "nodes": sorted(entry["nodes"])}
+        for pid, entry in sorted(packages.items())
+    )
+
+
+def check_consistency(nodes: tuple, per_cpu: tuple, offline_nodes: list) -> tuple:
+    """Consistency findings: nodes that split a core's SMT siblings, CPUs listed in offline nodes."""
+    findings = []
+    node_of = {cpu: node.id for node in nodes for cpu in node.cpus}
+    seen = set()
+    for cpu in per_cpu:
+        group = tuple(sorted(set(cpu.siblings) | {cpu.id}))
+        if len(group) < 2 or group in seen:
+            continue
+        seen.add(group)
+        owners = sorted({node_of[s] for s in group if s in node_of})
+        if len(owners) > 1:
+            findings.append(
+                {
+                    "kind": "split_core",
+                    "cpus": list(group),
+                    "nodes": owners,
+                    "message": f"SMT siblings {format_cpulist(group)} are split across "
+                    f"nodes {owners}; placements keep whole cores and cannot use this core",
+                }
+            )
+    for node in nodes:
+        if node.id in offline_nodes and node.cpus:
+            findings.append(
+                {
+                    "kind": "cpus_in_offline_node",
+                    "cpus": list(node.cpus),
+                    "nodes": [node.id],
+                    "message": f"node {node.id} is offline but lists CPUs "
+                    f"{format_cpulist(node.cpus)}",
+                }
+            )
+    return tuple(findings)
+
+
+def _kernel_knobs(reader: Reader) -> dict:
+    thp = reader.sys("kernel", "mm", "transparent_hugepage")
+    return {
+        "numa_balancing": reader.integer(
+            reader.proc("sys", "kernel", "numa_balancing"), optional=True
+        ),
+        "zone_reclaim_mode": reader.integer(
+            reader.proc("sys", "vm", "zone_reclaim_mode"), optional=True
+        ),
+        "thp_enabled": reader.parsed(f"{thp}/enabled", parse_selected, optional=True),
+        "thp_defrag": reader.parsed(f"{thp}/defrag", parse_selected, optional=True),
+    }
+
+
+def _fallback_node(reader: Reader, online: list) -> NumaNode:
+    """Node 0 of a kernel without NUMA sysfs, from /proc/meminfo and the online CPUs."""
+    meminfo = reader.parsed(reader.proc("meminfo"), parse_meminfo) or {}
+    memory_kb = meminfo.get("MemTotal")
+    return NumaNode(
+        id=0,
+        cpus=tuple(online),
+        memory_kb=memory_kb,
+        memfree_kb=meminfo.get("MemFree"),
+        kind=node_kind(online, memory_kb),
+        distances=(10,),
+        hugepages=_read_pools(reader, reader.sys("kernel", "mm", "hugepages"), False),
+        numastat={},
+    )
+
+
+def read_topology(reader: Reader) -> Topology:
+    """NUMA topology of the host behind ``reader``; never raises for bad files (see reader.warnings)."""
+    node_dir = reader.sys(*NODE_DIR)
+    numa_enabled = reader.exists(node_dir)
+    cpu_ids = _listed_ids(reader, reader.sys(*CPU_DIR), _CPU_RE)
+    sets = _cpu_sets(reader, cpu_ids)
+    if numa_enabled:
+        listed = _listed_ids(reader, node_dir, _NODE_RE)
+        online_nodes = reader.cpulist(f"{node_dir}/online", optional=True)
+        node_ids = listed if online_nodes is None else sorted(set(online_nodes) & set(listed))
+        nodes = tuple(_read_node(reader, node_id) for node_id in node_ids)
+        offline_nodes = sorted(set(listed) - set(node_ids))
+        offline_dirs = tuple(_read_node(reader, node_id) for node_id in offline_nodes)
+    else:
+        node_ids = [0]
+        nodes = (_fallback_node(reader, sets["online"]),)
+        offline_nodes, offline_dirs = [], ()
+    node_of = {cpu: node.id for node in nodes for cpu in node.cpus}
+    online = set(sets["online"])
+    all_cpus = sorted(set(cpu_ids) | set(sets["possible"] if not cpu_ids else []))
+    per_cpu = tuple(_read_cpu(reader, cpu, cpu in online, node_of) for cpu in all_cpus)
+    # /proc/meminfo only gives the default page size here; dumps of old kernels may lack it.
+    meminfo = reader.parsed(reader.proc("meminfo"), parse_meminfo, optional=numa_enabled) or {}
+    size = meminfo.get("Hugepagesize")
+    return Topology(
+        numa_enabled=numa_enabled,
+        node_ids=tuple(node_ids),
+        nodes=nodes,
+        cpus=sets,
+        per_cpu=per_cpu,
+        packages=_packages(per_cpu),
+        hugepages=_read_pools(reader, reader.sys("kernel", "mm", "hugepages"), True)
+        if numa_enabled
+        else nodes[0].hugepages,
+        default_hugepage_size_kb=size,
+        kernel=_kernel_knobs(reader),
+        consistency=check_consistency(nodes + offline_dirs, per_cpu, offline_nodes),
+    )
+
+
+def as_facts(topology: Topology) -> dict:
+    """JSON-ready dict of a Topology (the non-PCI part of ansible_facts.numa)."""
+    data = asdict(topology)
+    data["node_ids"] = list(topology.node_ids)
+    data["nodes"] = [_plain(asdict(node)) for node in topology.nodes]
+    data["per_cpu"] = [_plain(asdict(cpu)) for cpu in topology.per_cpu]
+    data["packages"] = [dict(p) for p in topology.packages]
+    data["hugepages"] = [asdict(pool) for pool in topology.hugepages]
+    data["consistency"] = [dict(item) for item in topology.consistency]
+    return _plain(data)
+
+
+def _plain(value):
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
