@@ -1,11 +1,15 @@
 # Private to this collection: may change in any release.
 """Kernel CPU-set formats: cpulists ("0-3,8,16-31:2/4") and cpumasks ("ff,ffffffff")."""
+
 from __future__ import annotations
+
+import re
 
 from .errors import CpulistError
 
 # A set larger than this is certainly garbage, not a machine: refuse before building it.
 MAX_CPUS = 1 << 20
+_HEX_WORD = re.compile(r"^[0-9a-fA-F]{1,8}$")
 
 
 def _clean(text: str) -> str:
@@ -14,7 +18,7 @@ def _clean(text: str) -> str:
 
 
 def _int(token: str, text: str) -> int:
-    if not token.isdigit():
+    if not (token.isascii() and token.isdigit()):
         raise CpulistError(text, f"{token!r} is not a CPU number")
     value = int(token)
     if value >= MAX_CPUS:
@@ -90,10 +94,9 @@ def parse_cpumask(text: str) -> list[int]:
             continue
         if len(word) > 8:
             raise CpulistError(text, f"word {word!r} is longer than 32 bits")
-        try:
-            value = int(word, 16)
-        except ValueError:
-            raise CpulistError(text, f"word {word!r} is not hexadecimal") from None
+        if not _HEX_WORD.match(word):  # int(..., 16) would take "-1", "+f" and "f_f"
+            raise CpulistError(text, f"word {word!r} is not hexadecimal")
+        value = int(word, 16)
         bit = 0
         while value:
             if value & 1:

@@ -34,3 +34,12 @@ class SnapshotError(NumaTuneError):
             f"GPU snapshot {path}: {reason}. Record a new one with "
             "numafleet.tuning.gpu_topology_facts snapshot_out=PATH on the host."
         )
+
+
+class CommandOutputError(NumaTuneError):
+    """A command (``nvidia-smi -q -x``) failed or printed something that does not parse."""
+
+    def __init__(self, command: str, reason: str) -> None:
+        self.command = command
+        self.reason = reason
+        super().__init__(f"{command}: {reason}")

@@ -1,5 +1,6 @@
 # Private to this collection: may change in any release.
 """The whole of ansible_facts.numa: topology, PCI locality and the reader's warnings."""
+
 from __future__ import annotations
 
 from . import pci, topology

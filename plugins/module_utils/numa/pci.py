@@ -1,5 +1,6 @@
 # Private to this collection: may change in any release.
 """PCI devices that matter for placement, with their NUMA locality and PCIe upstream path."""
+
 from __future__ import annotations
 
 import os

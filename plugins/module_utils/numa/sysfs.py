@@ -1,5 +1,6 @@
 # Private to this collection: may change in any release.
 """Tolerant access to a host's sysfs/procfs trees, with warnings and a record of what was read."""
+
 from __future__ import annotations
 
 import os
@@ -9,6 +10,14 @@ from .cpulist import parse_cpulist, parse_cpumask
 from .errors import NumaTuneError
 
 T = TypeVar("T")
+
+
+def parse_int(text: str) -> int:
+    """Decimal ("-1", "08") or 0x-prefixed hex integer text; raises ValueError."""
+    body = text.strip()
+    if body.lower().startswith("0x"):
+        return int(body[2:], 16)
+    return int(body, 10)
 
 
 class Reader:
@@ -77,7 +86,7 @@ class Reader:
 
     def integer(self, path: str, optional: bool = False) -> Optional[int]:
         """Decimal (or 0x-prefixed hex) integer in the file, or None with a warning."""
-        return self.parsed(path, lambda text: int(text, 0), optional=optional)
+        return self.parsed(path, parse_int, optional=optional)
 
     def cpulist(self, path: str, optional: bool = False) -> Optional[list[int]]:
         """Sorted CPUs of a cpulist file, or None with a warning."""

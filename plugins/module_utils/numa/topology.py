@@ -1,5 +1,6 @@
 # Private to this collection: may change in any release.
 """NUMA nodes, CPUs, hugepage pools and kernel NUMA knobs read from sysfs/procfs."""
+
 from __future__ import annotations
 
 import re
@@ -98,7 +99,7 @@ def parse_counters(text: str) -> dict:
         parts = line.split()
         if not parts:
             continue
-        if len(parts) != 2 or not parts[1].isdigit():
+        if len(parts) != 2 or not (parts[1].isascii() and parts[1].isdigit()):
             raise ValueError(f"line {line.strip()!r} is not 'name count'")
         values[parts[0]] = int(parts[1])
     if not values:
@@ -160,11 +161,26 @@ def _listed_ids(reader: Reader, directory: str, pattern) -> list:
     return sorted(ids)
 
 
+def _node_cpus(reader: Reader, base: str) -> list:
+    has_list = reader.exists(f"{base}/cpulist")  # old kernels have only cpumap
+    cpus = reader.cpulist(f"{base}/cpulist") if has_list else None
+    if cpus is None:
+        cpus = reader.cpumask(f"{base}/cpumap", optional=has_list) or []
+    return cpus
+
+
+def read_node_cpus(reader: Reader) -> dict:
+    """{node id: CPUs} of <sysfs_root>/devices/system/node/node*/cpulist (else cpumap); {} without NUMA."""
+    node_dir = reader.sys(*NODE_DIR)
+    return {
+        node_id: tuple(_node_cpus(reader, f"{node_dir}/node{node_id}"))
+        for node_id in _listed_ids(reader, node_dir, _NODE_RE)
+    }
+
+
 def _read_node(reader: Reader, node_id: int) -> NumaNode:
     base = reader.sys(*NODE_DIR, f"node{node_id}")
-    cpus = reader.cpulist(f"{base}/cpulist", optional=True)
-    if cpus is None:
-        cpus = reader.cpumask(f"{base}/cpumap") or []
+    cpus = _node_cpus(reader, base)
     meminfo = reader.parsed(f"{base}/meminfo", parse_meminfo) or {}
     memory_kb = meminfo.get("MemTotal")
     return NumaNode(

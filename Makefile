@@ -1,0 +1,119 @@
+# numafleet.tuning: developer and CI entry points.
+#
+#   make setup demo   create .venv (pinned toolchain) and run the demo job
+#   make test         the CI gate: lint, sanity, units; fails on any finding
+#
+# Every target runs from the repository root. Tools come from .venv only.
+
+SHELL := bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+.DELETE_ON_ERROR:
+.NOTPARALLEL:
+MAKEFLAGS += --no-builtin-rules
+
+VENV := .venv
+BIN := $(CURDIR)/$(VENV)/bin
+# The stamp's name carries a hash of requirements-dev.txt: a changed pin re-runs pip, nothing else does.
+REQ_HASH := $(shell sha256sum requirements-dev.txt | cut -c1-16)
+STAMP := $(VENV)/.setup-$(REQ_HASH)
+COLLECTION_LINK := .collections/ansible_collections/numafleet/tuning
+# Only folders that exist: a fresh clone has no benchmarks/ until something is committed there.
+PY_PATHS := $(wildcard plugins tests benchmarks .ci)
+
+# Tools see the venv first (ansible-lint warns when its own bin dir is missing from PATH).
+export PATH := $(BIN):$(PATH)
+export ANSIBLE_NOCOLOR := 1
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: bench help setup demo test lint ruff yamllint ansible-lint sanity units integration changelog-lint changelog format clean
+
+help:
+	@echo "make setup          create .venv from requirements-dev.txt and the .collections symlink"
+	@echo "make demo           materialise .demo/ and run playbooks/facts.yml on the demo fleet"
+	@echo "make test           lint + sanity + units (the CI gate)"
+	@echo "make lint|sanity|units|changelog-lint   one layer at a time"
+	@echo "make bench          run benchmarks/facts.py, results in benchmarks/results/"
+	@echo "make integration    ansible-test integration on a copy of the tree (not in make test)"
+	@echo "make format         ruff format + safe ruff fixes on plugins/ tests/ benchmarks/ .ci/"
+	@echo "make changelog      release notes for galaxy.yml's version from changelogs/fragments"
+	@echo "make clean          remove .venv, .collections, .demo and tests/output"
+
+setup: $(STAMP) $(COLLECTION_LINK)
+
+$(STAMP): requirements-dev.txt
+	@is311='import sys, venv, ensurepip; sys.exit(sys.version_info[:2] != (3, 11))'; \
+	if $(VENV)/bin/python -c "$$is311" >/dev/null 2>&1; then exit 0; fi; \
+	py=""; \
+	for cand in python3.11 python3; do \
+	  if "$$cand" -c "$$is311" >/dev/null 2>&1; then py="$$cand"; break; fi; \
+	done; \
+	if [ -z "$$py" ]; then \
+	  echo "setup: Python 3.11 with venv/ensurepip is required (python3.11, or python3 if it is" \
+	       "3.11; on Debian 12: apt-get install python3-venv)" >&2; \
+	  exit 1; \
+	fi; \
+	rm -rf $(VENV); \
+	echo "setup: creating $(VENV) with $$(command -v "$$py")"; \
+	"$$py" -m venv $(VENV)
+	$(VENV)/bin/python -m pip install --quiet -r requirements-dev.txt
+	rm -f $(VENV)/.setup-*
+	touch $@
+
+# A phony check rather than a file target: make would follow the symlink's loop.
+$(COLLECTION_LINK): FORCE
+	@if [ -L $@ ] && [ "$$(readlink $@)" = "../../.." ]; then exit 0; fi; \
+	if [ -e $@ ] || [ -L $@ ]; then echo "setup: $@ exists and is not a link to ../../.." >&2; exit 1; fi; \
+	mkdir -p $(@D) && ln -s ../../.. $@ && echo "setup: linked $@ -> ../../.."
+
+.PHONY: FORCE
+FORCE:
+
+demo: setup
+	$(BIN)/python tests/unit/fixtures/trees.py --demo .demo
+	$(BIN)/ansible-playbook -i inventories/demo playbooks/facts.yml
+
+test: lint sanity units
+
+lint: ruff yamllint ansible-lint
+
+ruff: setup
+	$(BIN)/ruff check $(PY_PATHS)
+	$(BIN)/ruff format --check $(PY_PATHS)
+
+yamllint: setup
+	$(BIN)/yamllint --strict .
+
+ansible-lint: setup
+	$(BIN)/ansible-lint --offline --strict
+
+# ansible-test needs a real .../ansible_collections/numafleet/tuning directory: .ci/ansible-test
+# copies the tree (git ls-files -co --exclude-standard) to a temporary one and runs it there with
+# --venv --python 3.11. Extra arguments: make sanity ANSIBLE_TEST_ARGS="--test pylint".
+sanity: setup
+	.ci/ansible-test sanity $(ANSIBLE_TEST_ARGS)
+
+# Layer 3 (STYLE.md §7); not part of `make test`.
+bench: setup
+	$(BIN)/python benchmarks/facts.py
+
+integration: setup
+	.ci/ansible-test integration $(ANSIBLE_TEST_ARGS)
+
+format: setup
+	$(BIN)/ruff format $(PY_PATHS)
+	$(BIN)/ruff check --fix $(PY_PATHS)
+
+units: setup
+	$(BIN)/pytest tests/unit -q
+
+changelog-lint: setup
+	$(BIN)/antsibull-changelog lint
+
+# Adds (or refreshes) the release of galaxy.yml's version: fragments plus every plugin whose
+# version_added is that version. Run before tagging; commit changelogs/ and CHANGELOG.rst.
+changelog: setup
+	$(BIN)/antsibull-changelog release --update-existing --reload-plugins --refresh-plugins
+
+clean:
+	rm -rf $(VENV) .collections .demo tests/output

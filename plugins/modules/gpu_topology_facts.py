@@ -1,0 +1,476 @@
+#!/usr/bin/python
+# Copyright: numafleet.tuning contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: gpu_topology_facts
+short_description: Gather GPUs with their NUMA locality, MIG layout, processes and NVLink peers
+version_added: 0.1.0
+author: numafleet.tuning contributors (@numafleet)
+description:
+  - Lists every NVIDIA and AMD GPU under C(<sysfs_root>/bus/pci/devices) with its locality from
+    C(<sysfs_root>/bus/pci/devices/*/{numa_node,local_cpulist,local_cpus}) and
+    C(<sysfs_root>/devices/system/node/node*/cpulist), and publishes them as
+    C(ansible_facts.gpu_topology).
+  - For AMD Instinct GPUs it reads the partition modes in
+    C(<sysfs_root>/class/drm/card*/device/{current,available}_{compute,memory}_partition).
+  - NVIDIA GPUs are enriched through NVML (the C(pynvml) module of nvidia-ml-py, when it can be
+    imported and C(nvmlInit) succeeds) with UUID, name, memory, compute and persistence modes,
+    MIG modes, GPU and compute instances, supported GPU-instance profiles with their placements,
+    running processes and NVLink peers.
+  - When NVML cannot be used, RV(ansible_facts.gpu_topology.nvml.reason) says why, and
+    C(nvidia-smi -q -x) is run instead if it is installed (see O(nvidia_smi)); otherwise only the
+    sysfs values are reported.
+  - sysfs stays the source of locality. NVML's own NUMA id (the node holding the GPU's memory on
+    coherent systems such as GH200) is reported separately as C(nvml_numa_node), never as the
+    GPU's node.
+  - Every value records where it came from in the GPU's C(sources) (V(sysfs), V(nvml),
+    V(nvidia-smi) or V(snapshot)); a value a source could not give is V(null), with the reason
+    in the GPU's C(unavailable).
+  - O(snapshot_out) records the GPU state (everything but sysfs) as JSON, and O(snapshot) reads
+    such a file instead of NVML, so that a host can be planned and rendered from a recording.
+options:
+  sysfs_root:
+    description:
+      - Where the host's sysfs is mounted.
+      - Set it when running in a container that mounts the host's C(/sys) elsewhere, or to read a
+        recorded tree (see C(playbooks/capture_topology.yml)).
+    type: path
+    default: /sys
+  procfs_root:
+    description:
+      - Where the host's procfs is mounted, as for O(sysfs_root).
+      - Accepted for symmetry with M(numafleet.tuning.numa_facts); this version reads nothing
+        under it.
+    type: path
+    default: /proc
+  snapshot:
+    description:
+      - A GPU snapshot file written by O(snapshot_out), read instead of NVML and C(nvidia-smi).
+      - The enriched values are then credited to V(snapshot), and
+        RV(ansible_facts.gpu_topology.nvml) and RV(ansible_facts.gpu_topology.nvidia_smi) are
+        those of the host the snapshot was recorded on.
+      - A file that is missing or malformed fails the module with the reason.
+    type: path
+  snapshot_out:
+    description:
+      - Write the GPU state that was read (from NVML, C(nvidia-smi) or O(snapshot)) to this file
+        on the target, as JSON, replacing it.
+      - Nothing is written in check mode; RV(snapshot_written) says whether the file was written.
+    type: path
+  nvidia_smi:
+    description:
+      - When to run C(nvidia-smi -q -x).
+      - V(auto) runs it only when NVML cannot be used and C(nvidia-smi) is found in C(PATH); its
+        failure is reported in RV(ansible_facts.gpu_topology.nvidia_smi.reason), not as a failed
+        task.
+      - V(always) uses it instead of NVML and fails the task when it is missing or fails.
+      - V(never) does not run it.
+      - Ignored with O(snapshot).
+    type: str
+    choices: [auto, always, never]
+    default: auto
+extends_documentation_fragment:
+  - numafleet.tuning._attributes
+  - numafleet.tuning._attributes.facts_module
+attributes:
+  check_mode:
+    support: full
+    details: In check mode the facts are gathered as usual and O(snapshot_out) is not written.
+  diff_mode:
+    support: none
+  idempotent:
+    support: full
+  facts:
+    support: full
+requirements:
+  - nvidia-ml-py (C(import pynvml)) on the target for NVML data; optional.
+  - C(nvidia-smi) on the target for the fallback; optional.
+notes:
+  - The module always returns C(changed=false), also when it writes O(snapshot_out), which is a
+    recording, not a change to the host.
+  - Whether NVML lists GPU-instance profiles while MIG is disabled depends on the driver; when it
+    does not, C(mig.supported_profiles) is V(null) with the reason in C(unavailable).
+  - C(nvidia-smi -q) does not report MIG profiles, placements, MIG device UUIDs or NVLink peers;
+    with the C(nvidia-smi) fallback those values are V(null).
+seealso:
+  - module: numafleet.tuning.numa_facts
+"""
+
+EXAMPLES = r"""
+- name: Gather GPU topology
+  numafleet.tuning.gpu_topology_facts:
+
+- name: Record the GPU state of this host for later planning
+  numafleet.tuning.gpu_topology_facts:
+    snapshot_out: /var/tmp/gpu-snapshot.json
+  register: __gpu_record
+
+- name: Plan a host from a recorded tree and GPU snapshot
+  numafleet.tuning.gpu_topology_facts:
+    sysfs_root: /srv/captures/gpu-node-17/sys
+    snapshot: /srv/captures/gpu-node-17/gpu-snapshot.json
+
+- name: Show each GPU's node and MIG mode
+  ansible.builtin.debug:
+    msg: >-
+      {{ item.address }} ({{ item.name }}) on node {{ item.node }},
+      MIG {{ item.mig.mode_current if item.mig else 'unsupported' }}
+  loop: "{{ ansible_facts.gpu_topology.gpus }}"
+"""
+
+RETURN = r"""
+snapshot_written:
+  description: Whether O(snapshot_out) was written (never in check mode).
+  returned: always
+  type: bool
+  sample: true
+ansible_facts:
+  description: Facts published by the module.
+  returned: always
+  type: dict
+  contains:
+    gpu_topology:
+      description: GPUs of the host and where their values came from.
+      returned: always
+      type: dict
+      contains:
+        gpus:
+          description: One entry per NVIDIA or AMD GPU under C(bus/pci/devices), sorted by PCI address; empty without GPUs.
+          returned: always
+          type: list
+          elements: dict
+          contains:
+            address:
+              description: PCI address C(DDDD:BB:DD.F) as sysfs names it.
+              type: str
+              sample: "0000:17:00.0"
+            vendor:
+              description: V(nvidia) or V(amd).
+              type: str
+              sample: nvidia
+            vendor_id:
+              description: C(vendor) file.
+              type: str
+              sample: "0x10de"
+            device_id:
+              description: C(device) file.
+              type: str
+              sample: "0x20b5"
+            numa_node:
+              description: C(numa_node) file; V(null) when the kernel says V(-1) (unknown).
+              type: int
+              sample: 0
+            node:
+              description: The node to place work for this GPU on, or V(null) when unknown.
+              type: int
+              sample: 0
+            node_source:
+              description: V(numa_node) (sysfs said so), V(local_cpulist) (local CPUs equal exactly one node's CPUs), or V(null).
+              type: str
+              sample: numa_node
+            local_cpus:
+              description: C(local_cpulist) (else C(local_cpus)) of the GPU.
+              type: list
+              elements: int
+              sample: [0, 1, 2, 3]
+            switch:
+              description: Upstream port of the PCIe switch directly above the GPU, or V(null).
+              type: str
+              sample: "0000:16:00.0"
+            root_port:
+              description: PCIe root port above the GPU, or V(null).
+              type: str
+              sample: "0000:16:02.0"
+            uuid:
+              description: GPU UUID.
+              type: str
+              sample: GPU-59365d41-8075-51ae-aac5-77cbe78ed5ad
+            name:
+              description: Product name.
+              type: str
+              sample: NVIDIA A100 80GB PCIe
+            memory_total_mib:
+              description: Total framebuffer memory in MiB.
+              type: int
+              sample: 81920
+            compute_mode:
+              description: V(default), V(exclusive_process), V(prohibited) or V(exclusive_thread).
+              type: str
+              sample: default
+            persistence_mode:
+              description: V(enabled) or V(disabled).
+              type: str
+              sample: enabled
+            mig:
+              description: MIG state; V(null) when the GPU has no MIG or it is unknown.
+              type: dict
+              contains:
+                mode_current:
+                  description: V(enabled) or V(disabled).
+                  type: str
+                  sample: enabled
+                mode_pending:
+                  description: The mode after the next GPU reset, V(enabled) or V(disabled).
+                  type: str
+                  sample: enabled
+                gpu_instances:
+                  description: Existing GPU instances by id (empty while MIG is disabled), or V(null) when they could not be listed.
+                  type: list
+                  elements: dict
+                  contains:
+                    id:
+                      description: GPU instance id.
+                      type: int
+                      sample: 2
+                    profile_id:
+                      description: GPU-instance profile id, as the driver numbers it for this GPU.
+                      type: int
+                      sample: 9
+                    profile_name:
+                      description: Profile name as nvidia-smi prints it without C(MIG).
+                      type: str
+                      sample: 3g.40gb
+                    placement_start:
+                      description: First memory slice of the instance.
+                      type: int
+                      sample: 4
+                    placement_size:
+                      description: Memory slices of the instance.
+                      type: int
+                      sample: 4
+                    compute_instances:
+                      description: Compute instances of the GPU instance, by id.
+                      type: list
+                      elements: dict
+                      contains:
+                        id:
+                          description: Compute instance id.
+                          type: int
+                          sample: 0
+                        profile_id:
+                          description: Compute-instance profile id.
+                          type: int
+                          sample: 2
+                        profile_name:
+                          description: Profile name (V(3g.40gb), or V(1c.3g.40gb) for a smaller compute instance).
+                          type: str
+                          sample: 3g.40gb
+                        mig_device_uuid:
+                          description: UUID of the MIG device this compute instance is (for C(CUDA_VISIBLE_DEVICES)).
+                          type: str
+                          sample: MIG-d2370484-ec09-58f3-9dd0-11e29c0f61ab
+                    mig_device_uuid:
+                      description: The MIG device UUID when the GPU instance holds exactly one compute instance, else V(null).
+                      type: str
+                      sample: MIG-d2370484-ec09-58f3-9dd0-11e29c0f61ab
+                supported_profiles:
+                  description: GPU-instance profiles the GPU offers, smallest first, or V(null) when NVML did not list them.
+                  type: list
+                  elements: dict
+                  contains:
+                    name:
+                      description: Profile name (the driver's, else derived from slices and memory as nvidia-smi does).
+                      type: str
+                      sample: 1g.10gb
+                    id:
+                      description: Profile id on this GPU and driver (resolve names to ids here, never from a table).
+                      type: int
+                      sample: 19
+                    max_count:
+                      description: How many instances of the profile fit on the GPU.
+                      type: int
+                      sample: 7
+                    slice_count:
+                      description: Compute slices of the profile.
+                      type: int
+                      sample: 1
+                    memory_mib:
+                      description: Memory of an instance in MiB.
+                      type: int
+                      sample: 9728
+                    placements:
+                      description: Possible placements, or V(null) when unknown.
+                      type: list
+                      elements: dict
+                      contains:
+                        start:
+                          description: First memory slice.
+                          type: int
+                          sample: 0
+                        size:
+                          description: Memory slices.
+                          type: int
+                          sample: 1
+            processes:
+              description: PIDs of the compute and graphics processes using the GPU, sorted.
+              type: list
+              elements: int
+              sample: [4711]
+            nvlink_peers:
+              description: GPUs reachable over active NVLinks, directly or through an NVSwitch (V(null) without NVLink).
+              type: list
+              elements: str
+              sample: ["0000:2a:00.0", "0000:3a:00.0"]
+            nvlink_switches:
+              description: PCI addresses of the NVSwitches the GPU's active NVLinks end at.
+              type: list
+              elements: str
+              sample: ["0000:05:00.0"]
+            nvml_numa_node:
+              description: NVML's NUMA id of the GPU (the node holding its memory on coherent systems such as GH200). Not the CPU node; use C(node).
+              type: int
+              sample: 1
+            partition:
+              description: AMD Instinct partition modes, or V(null) (NVIDIA, or no partition files).
+              type: dict
+              contains:
+                compute:
+                  description: Compute partitioning, or V(null).
+                  type: dict
+                  contains:
+                    current:
+                      description: Current mode (C(current_compute_partition)).
+                      type: str
+                      sample: CPX
+                    available:
+                      description: Modes the GPU offers (C(available_compute_partition)).
+                      type: list
+                      elements: str
+                      sample: [SPX, DPX, QPX, CPX]
+                memory:
+                  description: Memory partitioning, or V(null); same keys as C(compute).
+                  type: dict
+                  sample: {current: NPS4, available: [NPS1, NPS4]}
+            sources:
+              description: For each field that has a value, where it came from.
+              type: dict
+              sample: {address: sysfs, node: sysfs, uuid: nvml, mig: nvml}
+            unavailable:
+              description: Fields the enrichment could not fill, with the reason (dotted keys name parts of C(mig)).
+              type: dict
+              sample: {nvml_numa_node: "nvmlDeviceGetNumaNodeId: Not Supported"}
+        nvml:
+          description: Whether NVML was used.
+          returned: always
+          type: dict
+          contains:
+            available:
+              description: Whether NVML answered.
+              type: bool
+              sample: false
+            reason:
+              description: Why NVML could not be used, or V(null).
+              type: str
+              sample: "nvmlInit failed: NVML Shared Library Not Found"
+            driver_version:
+              description: NVIDIA driver version NVML reported, or V(null).
+              type: str
+              sample: 560.35.03
+        nvidia_smi:
+          description: Whether C(nvidia-smi -q -x) was used.
+          returned: always
+          type: dict
+          contains:
+            used:
+              description: Whether its output enriched the GPUs.
+              type: bool
+              sample: false
+            reason:
+              description: Why it was not used (not found, failed, not needed), or V(null).
+              type: str
+              sample: nvidia-smi was not found in PATH
+            driver_version:
+              description: Driver version from its output, or V(null).
+              type: str
+              sample: 560.35.03
+        snapshot:
+          description: The snapshot read instead of NVML, if any.
+          returned: always
+          type: dict
+          contains:
+            path:
+              description: O(snapshot), or V(null).
+              type: str
+              sample: /srv/captures/gpu-node-17/gpu-snapshot.json
+            recorded_from:
+              description: What the snapshot was recorded from (V(nvml) or V(nvidia-smi)), or V(null).
+              type: str
+              sample: nvml
+        sysfs_root:
+          description: The sysfs root that was read.
+          returned: always
+          type: str
+          sample: /sys
+        warnings:
+          description: Files that could not be used, and GPUs seen by only one of sysfs and the enrichment.
+          returned: always
+          type: list
+          elements: dict
+          contains:
+            path:
+              description: The file, the PCI address, or C(nvml:deviceN).
+              type: str
+              sample: "0000:17:00.0"
+            reason:
+              description: What went wrong.
+              type: str
+              sample: nvml did not report this GPU (another driver, a cgroup, or lost)
+"""
+
+import functools
+import sys
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import gpu
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import NumaTuneError
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa.sysfs import Reader
+
+
+def _load_nvml() -> tuple:
+    """(pynvml module, None), or (None, why it cannot be imported)."""
+    try:
+        import pynvml
+    except ImportError as exc:
+        return None, f"nvidia-ml-py (import pynvml) is not installed for {sys.executable}: {exc}"
+    return pynvml, None
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=dict(
+            sysfs_root=dict(type="path", default="/sys"),
+            procfs_root=dict(type="path", default="/proc"),
+            snapshot=dict(type="path"),
+            snapshot_out=dict(type="path"),
+            nvidia_smi=dict(type="str", default="auto", choices=["auto", "always", "never"]),
+        ),
+        supports_check_mode=True,
+    )
+    params = module.params
+    nvml, nvml_reason = (None, None) if params["snapshot"] else _load_nvml()
+    smi_path = module.get_bin_path("nvidia-smi")
+    runner = None
+    if smi_path:
+        runner = functools.partial(
+            module.run_command, [smi_path, "-q", "-x"], environ_update={"LC_ALL": "C", "LANG": "C"}
+        )
+    written = False
+    try:
+        state = gpu.read_gpu_state(
+            nvml, nvml_reason, runner, params["nvidia_smi"], snapshot=params["snapshot"]
+        )
+        facts = gpu.read_gpu_topology(Reader(params["sysfs_root"], params["procfs_root"]), state)
+        if params["snapshot_out"] and not module.check_mode:
+            gpu.write_snapshot(params["snapshot_out"], state)
+            written = True
+    except NumaTuneError as exc:
+        module.fail_json(msg=str(exc))
+    module.exit_json(changed=False, snapshot_written=written, ansible_facts={"gpu_topology": facts})
+
+
+if __name__ == "__main__":
+    main()

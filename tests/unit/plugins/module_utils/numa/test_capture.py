@@ -1,0 +1,72 @@
+"""A capture holds exactly what the readers need: facts from the unpacked capture are the same."""
+
+from __future__ import annotations
+
+import os
+import tarfile
+
+import pytest
+import trees
+
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import gpu, topology
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa.capture import (
+    plan_capture,
+    write_capture,
+)
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import TopologyError
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa.facts import read_numa_facts
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa.sysfs import Reader
+
+ROOT_KEYS = ("sysfs_root", "procfs_root", "warnings")
+
+
+def read_all(root):
+    reader = Reader(os.path.join(root, "sys"), os.path.join(root, "proc"))
+    facts = read_numa_facts(reader)
+    gpus = gpu.read_gpus(reader, topology.read_node_cpus(reader))
+    return reader, facts, gpus
+
+
+def strip_roots(facts, root):
+    out = {key: value for key, value in facts.items() if key not in ROOT_KEYS}
+    out["warnings"] = [
+        {"path": os.path.relpath(w["path"], root), "reason": w["reason"]} for w in facts["warnings"]
+    ]
+    return out
+
+
+@pytest.mark.parametrize("machine", trees.MACHINES)
+def test_capture_round_trip_gives_the_same_facts(machine, fixture_root, tmp_path):
+    root = fixture_root(machine)
+    reader, facts, gpus = read_all(root)
+    entries = plan_capture(reader)
+    dest = str(tmp_path / "capture.tar.gz")
+    stored = write_capture(entries, dest, "host")
+    assert stored == sum(1 for kind, dummy, dummy2 in entries if kind == "file")
+    with tarfile.open(dest) as archive:
+        names = archive.getnames()
+        archive.extractall(tmp_path, filter="fully_trusted")
+    assert all(name.startswith(("host/sys", "host/proc")) for name in names)
+    dummy, facts_again, gpus_again = read_all(str(tmp_path / "host"))
+    assert strip_roots(facts_again, str(tmp_path / "host")) == strip_roots(facts, root)
+    assert gpus_again == gpus
+
+
+def test_capture_keeps_pci_links_relative_and_skips_unrelated_files(fixture_root, tmp_path):
+    reader, dummy, dummy2 = read_all(fixture_root("qemu-2node-pxb"))
+    entries = plan_capture(reader)
+    links = {name: target for kind, name, target in entries if kind == "link"}
+    assert links["sys/bus/pci/devices/0000:81:00.0"] == (
+        "../../../devices/pci0000:80/0000:80:00.0/0000:81:00.0"
+    )
+    names = {name for dummy, name, dummy2 in entries}
+    assert "sys/devices/pci0000:80/0000:80:00.0/0000:81:00.0/numa_node" in names
+    assert not any("/vmstat" in name for name in names)  # never read, never captured
+
+
+def test_capture_to_an_unwritable_place_names_the_path(fixture_root, tmp_path):
+    reader, dummy, dummy2 = read_all(fixture_root("2arm-2c"))
+    dest = str(tmp_path / "missing-dir" / "capture.tar.gz")
+    with pytest.raises(TopologyError) as err:
+        write_capture(plan_capture(reader), dest, "host")
+    assert dest in str(err.value) and "cannot write the capture" in str(err.value)

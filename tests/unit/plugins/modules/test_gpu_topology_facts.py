@@ -1,0 +1,203 @@
+"""numafleet.tuning.gpu_topology_facts through run_module: options, NVML, nvidia-smi, snapshots."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import sys
+from pathlib import Path
+
+import pynvml
+import pytest
+
+UNIT = Path(__file__).resolve().parents[2]
+if str(UNIT / "fixtures") not in sys.path:
+    sys.path.insert(0, str(UNIT / "fixtures"))
+
+import trees  # noqa: E402
+
+SNAPSHOTS = UNIT / "fixtures" / "gpu_snapshots"
+H100_XML = UNIT / "fixtures" / "cmd" / "nvidia-smi" / "h100-sxm-q-x.xml"
+
+
+def _nvml_works() -> bool:
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return False
+    pynvml.nvmlShutdown()
+    return True
+
+
+needs_no_gpu = pytest.mark.skipif(_nvml_works(), reason="NVML answers here: this is a GPU host")
+needs_no_nvidia_smi = pytest.mark.skipif(
+    shutil.which("nvidia-smi", path=os.environ.get("PATH", "") + ":/sbin:/usr/sbin:/usr/local/sbin")
+    is not None,
+    reason="nvidia-smi is installed here",
+)
+
+
+@pytest.fixture
+def host(tmp_path):
+    """Scratch fsroot of the 4x A100 machine: module arguments for its sysfs/procfs."""
+    root = trees.materialize("synthetic-2x6338-4xa100", tmp_path / "host")
+    return {"sysfs_root": f"{root}/sys", "procfs_root": f"{root}/proc"}
+
+
+@pytest.fixture
+def fake_nvidia_smi(tmp_path, monkeypatch):
+    """An nvidia-smi on PATH that prints the recorded H100 XML for exactly `-q -x` under LC_ALL=C."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    script = bindir / "nvidia-smi"
+    script.write_text(
+        "#!/bin/sh\n"
+        '[ "$1" = -q ] && [ "$2" = -x ] && [ $# -eq 2 ] || { echo "bad argv: $*" >&2; exit 2; }\n'
+        '[ "$LC_ALL" = C ] || { echo "LC_ALL is not C" >&2; exit 3; }\n'
+        f'cat "{H100_XML}"\n'
+    )
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ.get('PATH', '')}")
+    return script
+
+
+@needs_no_gpu
+@needs_no_nvidia_smi
+def test_without_a_gpu_driver_nvml_reports_why_and_sysfs_is_reported(run_module, host):
+    result = run_module("gpu_topology_facts", host)
+    assert result["failed"] is False and result["changed"] is False
+    assert result["snapshot_written"] is False
+    facts = result["ansible_facts"]["gpu_topology"]
+    assert facts["nvml"]["available"] is False
+    assert facts["nvml"]["reason"] == "nvmlInit failed: NVML Shared Library Not Found"
+    assert facts["nvidia_smi"] == {
+        "used": False,
+        "reason": "nvidia-smi was not found in PATH",
+        "driver_version": None,
+    }
+    assert facts["snapshot"] == {"path": None, "recorded_from": None}
+    assert [g["address"] for g in facts["gpus"]] == trees.GPU_ADDRESSES["synthetic-2x6338-4xa100"]
+    assert [g["node"] for g in facts["gpus"]] == [0, 0, 1, 1]
+    assert all(g["uuid"] is None and set(g["sources"].values()) == {"sysfs"} for g in facts["gpus"])
+
+
+def test_no_gpu_means_an_empty_list(run_module, tmp_path):
+    root = trees.materialize("qemu-2node-pxb", tmp_path / "qemu")
+    result = run_module(
+        "gpu_topology_facts", {"sysfs_root": f"{root}/sys", "nvidia_smi": "never"}, check_mode=True
+    )
+    facts = result["ansible_facts"]["gpu_topology"]
+    assert facts["gpus"] == []
+    assert facts["nvidia_smi"]["reason"] in (
+        "not tried: nvidia_smi=never",
+        "not needed: NVML answered",
+    )
+
+
+def test_snapshot_is_read_instead_of_nvml(run_module, host):
+    snapshot = str(SNAPSHOTS / "synthetic-2x6338-4xa100.json")
+    result = run_module("gpu_topology_facts", dict(host, snapshot=snapshot))
+    facts = result["ansible_facts"]["gpu_topology"]
+    assert facts["snapshot"] == {"path": snapshot, "recorded_from": "nvml"}
+    assert facts["nvml"]["available"] is True  # as recorded on the host
+    first = facts["gpus"][0]
+    assert first["sources"]["uuid"] == first["sources"]["mig"] == "snapshot"
+    assert first["sources"]["node"] == "sysfs"
+    assert [gi["profile_name"] for gi in first["mig"]["gpu_instances"]] == [
+        "3g.40gb",
+        "2g.20gb",
+        "2g.20gb",
+    ]
+    assert facts["warnings"] == []
+
+
+def test_check_mode_writes_no_snapshot(run_module, host, tmp_path):
+    out = tmp_path / "out.json"
+    args = dict(
+        host, snapshot=str(SNAPSHOTS / "synthetic-2x6338-4xa100.json"), snapshot_out=str(out)
+    )
+    result = run_module("gpu_topology_facts", args, check_mode=True)
+    assert result["failed"] is False
+    assert result["snapshot_written"] is False
+    assert not out.exists()
+
+
+def test_snapshot_out_records_the_gpu_state(run_module, host, tmp_path):
+    source = SNAPSHOTS / "synthetic-2x6338-4xa100.json"
+    out = tmp_path / "out.json"
+    result = run_module(
+        "gpu_topology_facts", dict(host, snapshot=str(source), snapshot_out=str(out))
+    )
+    assert result["snapshot_written"] is True and result["changed"] is False
+    assert json.loads(out.read_text()) == json.loads(source.read_text())
+    again = run_module("gpu_topology_facts", dict(host, snapshot=str(out)))
+    first, second = (r["ansible_facts"]["gpu_topology"]["gpus"] for r in (result, again))
+    assert first == second
+
+
+@needs_no_gpu
+def test_snapshot_out_without_nvml_records_why(run_module, host, tmp_path):
+    out = tmp_path / "out.json"
+    run_module("gpu_topology_facts", dict(host, snapshot_out=str(out), nvidia_smi="never"))
+    recorded = json.loads(out.read_text())
+    assert recorded["recorded_from"] is None and recorded["gpus"] == []
+    assert recorded["nvml"]["reason"] == "nvmlInit failed: NVML Shared Library Not Found"
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "cannot be read (No such file or directory)"),
+        ("{}", 'is not a GPU snapshot (no "format": "numafleet.tuning/gpu-snapshot")'),
+    ],
+)
+def test_bad_snapshot_fails_with_the_file_and_the_reason(
+    run_module, host, tmp_path, content, message
+):
+    path = tmp_path / "snapshot.json"
+    if content is not None:
+        path.write_text(content)
+    result = run_module("gpu_topology_facts", dict(host, snapshot=str(path)))
+    assert result["failed"] is True
+    assert result["msg"].startswith(f"GPU snapshot {path}: {message}")
+
+
+@needs_no_gpu
+def test_nvidia_smi_fallback_runs_the_binary_with_argv_and_c_locale(
+    run_module, tmp_path, fake_nvidia_smi
+):
+    root = trees.materialize("synthetic-8xh100-2s", tmp_path / "h100")
+    result = run_module("gpu_topology_facts", {"sysfs_root": f"{root}/sys"})
+    facts = result["ansible_facts"]["gpu_topology"]
+    assert facts["nvidia_smi"] == {"used": True, "reason": None, "driver_version": "560.35.03"}
+    seen = next(g for g in facts["gpus"] if g["address"] == "0000:db:00.0")
+    assert seen["name"] == "NVIDIA H100 80GB HBM3" and seen["sources"]["name"] == "nvidia-smi"
+    assert len(facts["warnings"]) == 7  # the other GPUs nvidia-smi did not show (a Slurm job)
+
+
+def test_nvidia_smi_always_uses_it_even_where_nvml_would_answer(
+    run_module, tmp_path, fake_nvidia_smi
+):
+    root = trees.materialize("synthetic-8xh100-2s", tmp_path / "h100")
+    result = run_module("gpu_topology_facts", {"sysfs_root": f"{root}/sys", "nvidia_smi": "always"})
+    facts = result["ansible_facts"]["gpu_topology"]
+    assert facts["nvml"]["reason"] == "not used: nvidia_smi=always"
+    assert facts["nvidia_smi"]["used"] is True
+
+
+@needs_no_nvidia_smi
+def test_nvidia_smi_always_without_the_binary_fails(run_module, host):
+    result = run_module("gpu_topology_facts", dict(host, nvidia_smi="always"))
+    assert result["failed"] is True
+    assert result["msg"] == (
+        "nvidia-smi -q -x: nvidia-smi was not found in PATH; install the NVIDIA driver utilities "
+        "or use auto"
+    )
+
+
+def test_bad_option_value_is_refused(run_module, host):
+    result = run_module("gpu_topology_facts", dict(host, nvidia_smi="sometimes"))
+    assert result["failed"] is True
+    assert "nvidia_smi" in result["msg"] and "sometimes" in result["msg"]
