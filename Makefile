@@ -1,7 +1,7 @@
 # numafleet.tuning: developer and CI entry points.
 #
 #   make setup demo   create .venv (pinned toolchain) and run the demo job
-#   make test         the CI gate: lint, sanity, units; fails on any finding
+#   make test         the CI gate: lint, sanity, units, integration; fails on any finding
 #
 # Every target runs from the repository root. Tools come from .venv only.
 
@@ -31,10 +31,10 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 help:
 	@echo "make setup          create .venv from requirements-dev.txt and the .collections symlink"
 	@echo "make demo           materialise .demo/ and run playbooks/facts.yml on the demo fleet"
-	@echo "make test           lint + sanity + units (the CI gate)"
+	@echo "make test           lint + sanity + units + integration (the CI gate)"
 	@echo "make lint|sanity|units|changelog-lint   one layer at a time"
 	@echo "make bench          run benchmarks/facts.py, results in benchmarks/results/"
-	@echo "make integration    ansible-test integration on a copy of the tree (not in make test)"
+	@echo "make integration    ansible-test integration on a copy of the tree"
 	@echo "make format         ruff format + safe ruff fixes on plugins/ tests/ benchmarks/ .ci/"
 	@echo "make changelog      release notes for galaxy.yml's version from changelogs/fragments"
 	@echo "make clean          remove .venv, .collections, .demo and tests/output"
@@ -73,7 +73,7 @@ demo: setup
 	$(BIN)/python tests/unit/fixtures/trees.py --demo .demo
 	$(BIN)/ansible-playbook -i inventories/demo playbooks/facts.yml
 
-test: lint sanity units
+test: lint sanity units integration
 
 lint: ruff yamllint ansible-lint
 

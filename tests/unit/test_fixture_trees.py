@@ -153,3 +153,29 @@ def test_materialize_without_the_data_filter(tmp_path, monkeypatch):
     monkeypatch.delattr(trees.tarfile, "data_filter")
     root = Path(trees.materialize("qemu-2node-pxb", tmp_path / "old-python"))
     assert (root / "sys" / "bus" / "pci" / "devices" / "0000:81:00.0").is_symlink()
+
+
+INTEGRATION_FILES = (
+    Path(__file__).resolve().parents[1]
+    / "integration"
+    / "targets"
+    / "setup_recorded_tree"
+    / "files"
+)
+
+
+@pytest.mark.parametrize(
+    ("copy", "original"),
+    [
+        ("qemu-2node-pxb.tar.gz", "sysfs/qemu/qemu-2node-pxb.tar.gz"),
+        ("synthetic-vm-gpu-numa-unknown.tar.gz", "sysfs/synthetic-vm-gpu-numa-unknown.tar.gz"),
+        (
+            "synthetic-vm-gpu-numa-unknown.snapshot.json",
+            "gpu_snapshots/synthetic-vm-gpu-numa-unknown.json",
+        ),
+    ],
+)
+def test_integration_copies_equal_the_unit_fixtures(copy, original):
+    """ansible-test copies each target alone, so the integration targets carry their own copies."""
+    here = Path(__file__).resolve().parent / "fixtures"
+    assert (INTEGRATION_FILES / copy).read_bytes() == (here / original).read_bytes()
