@@ -7,7 +7,8 @@ from .cpulist import format_cpulist
 
 
 def _gib(kb) -> str:
-    return f"{(kb or 0) / 1048576:.0f} GiB"
+    gib = (kb or 0) / 1048576
+    return f"{gib:.1f} GiB" if gib < 10 else f"{gib:.0f} GiB"
 
 
 def summarize_topology(numa: dict, gpu_topology=None) -> str:
