@@ -93,7 +93,7 @@ ansible-lint: setup
 sanity: setup
 	.ci/ansible-test sanity $(ANSIBLE_TEST_ARGS)
 
-# Layer 3 (STYLE.md §7); not part of `make test`.
+# Layer 3; not part of `make test`.
 bench: setup
 	$(BIN)/python benchmarks/facts.py
 

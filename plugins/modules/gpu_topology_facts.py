@@ -31,6 +31,9 @@ description:
     in the GPU's C(unavailable).
   - O(snapshot_out) records the GPU state (everything but sysfs) as JSON, and O(snapshot) reads
     such a file instead of NVML, so that a host can be planned and rendered from a recording.
+  - Fails, naming the option, when O(sysfs_root) has no C(devices/system/cpu) directory or
+    O(procfs_root) is not a directory; files that cannot be used become entries in
+    RV(ansible_facts.gpu_topology.warnings).
 options:
   sysfs_root:
     description:
@@ -72,6 +75,16 @@ options:
     type: str
     choices: [auto, always, never]
     default: auto
+  nvidia_smi_timeout:
+    description:
+      - How many seconds C(nvidia-smi -q -x) may run before it is stopped (C(SIGTERM), then
+        C(SIGKILL) 5 seconds later), through coreutils C(timeout).
+      - A hung driver can make C(nvidia-smi) block forever; with O(nvidia_smi=auto) a timeout is
+        reported in RV(ansible_facts.gpu_topology.nvidia_smi.reason), with
+        O(nvidia_smi=always) it fails the task.
+      - Must be 1 or more.
+    type: int
+    default: 30
 extends_documentation_fragment:
   - numafleet.tuning._attributes
   - numafleet.tuning._attributes.facts_module
@@ -88,6 +101,7 @@ attributes:
 requirements:
   - nvidia-ml-py (C(import pynvml)) on the target for NVML data; optional.
   - C(nvidia-smi) on the target for the fallback; optional.
+  - coreutils C(timeout) on the target to enforce O(nvidia_smi_timeout); optional.
 notes:
   - The module always returns C(changed=false), also when it writes O(snapshot_out), which is a
     recording, not a change to the host.
@@ -95,6 +109,10 @@ notes:
     does not, C(mig.supported_profiles) is V(null) with the reason in C(unavailable).
   - C(nvidia-smi -q) does not report MIG profiles, placements, MIG device UUIDs or NVLink peers;
     with the C(nvidia-smi) fallback those values are V(null).
+  - Without coreutils C(timeout) in C(PATH) (busybox-only or minimal images), C(nvidia-smi) is
+    run without a time limit and O(nvidia_smi_timeout) has no effect.
+  - A value C(nvidia-smi) prints that the module does not know (a persistence, compute or MIG
+    mode other than those documented) is V(null), with the reason in the GPU's C(unavailable).
 seealso:
   - module: numafleet.tuning.numa_facts
 """
@@ -213,7 +231,7 @@ ansible_facts:
                   type: str
                   sample: enabled
                 mode_pending:
-                  description: The mode after the next GPU reset, V(enabled) or V(disabled).
+                  description: The mode after the next GPU reset, V(enabled) or V(disabled); V(null) when unknown.
                   type: str
                   sample: enabled
                 gpu_instances:
@@ -349,7 +367,12 @@ ansible_facts:
               type: dict
               sample: {address: sysfs, node: sysfs, uuid: nvml, mig: nvml}
             unavailable:
-              description: Fields the enrichment could not fill, with the reason (dotted keys name parts of C(mig)).
+              description: >-
+                Fields the enrichment could not fill, with the reason (dotted keys name parts of C(mig)).
+                For an NVIDIA GPU the enrichment did not report at all, every enriched field is listed with that reason
+                (also given in RV(ansible_facts.gpu_topology.warnings)). Empty for AMD GPUs, and when nothing
+                enriched the GPUs (see RV(ansible_facts.gpu_topology.nvml.reason) and
+                RV(ansible_facts.gpu_topology.nvidia_smi.reason)).
               type: dict
               sample: {nvml_numa_node: "nvmlDeviceGetNumaNodeId: Not Supported"}
         nvml:
@@ -379,7 +402,7 @@ ansible_facts:
               type: bool
               sample: false
             reason:
-              description: Why it was not used (not found, failed, not needed), or V(null).
+              description: Why it was not used (not found, timed out, failed, not needed), or V(null).
               type: str
               sample: nvidia-smi was not found in PATH
             driver_version:
@@ -447,21 +470,28 @@ def main() -> None:
             snapshot=dict(type="path"),
             snapshot_out=dict(type="path"),
             nvidia_smi=dict(type="str", default="auto", choices=["auto", "always", "never"]),
+            nvidia_smi_timeout=dict(type="int", default=30),
         ),
         supports_check_mode=True,
     )
     params = module.params
     nvml, nvml_reason = (None, None) if params["snapshot"] else _load_nvml()
-    smi_path = module.get_bin_path("nvidia-smi")
-    runner = None
-    if smi_path:
-        runner = functools.partial(
-            module.run_command, [smi_path, "-q", "-x"], environ_update={"LC_ALL": "C", "LANG": "C"}
-        )
+    killer, seconds = module.get_bin_path("timeout"), params["nvidia_smi_timeout"]
     written = False
     try:
+        argv = gpu.nvidia_smi_argv(module.get_bin_path("nvidia-smi"), killer, seconds)
+        runner = None
+        if argv:
+            runner = functools.partial(
+                module.run_command, argv, environ_update={"LC_ALL": "C", "LANG": "C"}
+            )
         state = gpu.read_gpu_state(
-            nvml, nvml_reason, runner, params["nvidia_smi"], snapshot=params["snapshot"]
+            nvml,
+            nvml_reason,
+            runner,
+            params["nvidia_smi"],
+            snapshot=params["snapshot"],
+            nvidia_smi_timeout=seconds if killer else None,
         )
         facts = gpu.read_gpu_topology(Reader(params["sysfs_root"], params["procfs_root"]), state)
         if params["snapshot_out"] and not module.check_mode:

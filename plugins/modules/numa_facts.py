@@ -21,8 +21,11 @@ description:
     the node is then inferred only when the device's local CPUs equal exactly one node's CPUs.
   - A kernel without C(/sys/devices/system/node) yields one node 0 built from C(/proc/meminfo) and
     the online CPUs, with RV(ansible_facts.numa.numa_enabled=false).
-  - A file that is missing, unreadable or malformed never fails the module; it becomes an entry in
-    RV(ansible_facts.numa.warnings) with its path and the reason.
+  - A file that is unreadable, malformed, not a regular file, or missing although every kernel
+    writes it, never fails the module; it becomes an entry in RV(ansible_facts.numa.warnings) with
+    its path and the reason. Files that older kernels lack are read when present.
+  - Fails, naming the option, when O(sysfs_root) has no C(devices/system/cpu) directory or
+    O(procfs_root) is not a directory, so a mistyped root is never read as an empty machine.
 options:
   sysfs_root:
     description:
@@ -116,7 +119,10 @@ ansible_facts:
               type: int
               sample: 1815904
             kind:
-              description: V(cpu+memory), V(cpu-only), V(memory-only) or V(empty).
+              description:
+                - V(cpu+memory), V(cpu-only), V(memory-only) or V(empty).
+                - V(unknown) when the node's CPU list or its C(meminfo) could not be read (see
+                  RV(ansible_facts.numa.warnings)); the kind is never guessed.
               type: str
               sample: cpu+memory
             distances:

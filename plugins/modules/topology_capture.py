@@ -26,6 +26,7 @@ options:
   name:
     description:
       - Name of the top-level directory inside the tarball, usually the host name.
+      - Letters, digits, V(.), V(_) and V(-) only; no V(/) and no V(..).
     type: str
     required: true
   gpu_snapshot:
@@ -69,14 +70,14 @@ EXAMPLES = r"""
 
 - name: Bring the recording to the controller
   ansible.builtin.fetch:
-    src: "{{ capture.dest }}"
+    src: "{{ capture.archive }}"
     dest: "captures/{{ inventory_hostname }}.tar.gz"
     flat: true
 """
 
 RETURN = r"""
-dest:
-  description: Path of the tarball on the target.
+archive:
+  description: Path of the tarball on the target (O(dest)).
   returned: always
   type: str
   sample: /tmp/topology.tar.gz
@@ -103,6 +104,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa import gpu
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.capture import (
+    check_capture_name,
     plan_capture,
     write_capture,
 )
@@ -125,6 +127,7 @@ def main() -> None:
     params = module.params
     reader = Reader(params["sysfs_root"], params["procfs_root"])
     try:
+        check_capture_name(params["name"])
         facts = read_numa_facts(reader)
         gpu.read_gpus(reader, {node["id"]: node["cpus"] for node in facts["nodes"]})
         entries = plan_capture(reader)
@@ -142,7 +145,7 @@ def main() -> None:
         module.fail_json(msg=str(exc))
     module.exit_json(
         changed=True,
-        dest=params["dest"],
+        archive=params["dest"],
         entries=len(entries),
         files=files,
         warnings_count=len(reader.warnings),

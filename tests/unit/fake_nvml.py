@@ -462,7 +462,7 @@ class FakeNvml:
 # ---------------------------------------------------------------------------------------------
 # Profile catalogues. Profile IDs, counts and placements are those nvidia-smi mig -lgip/-lgipp
 # print for the model (A30: tests/unit/fixtures/cmd/nvidia-smi/a30-mig-lgip-lgipp-lgi.txt;
-# A100 80GB: NVIDIA's MIG user guide and DESIGN.md §8). memory_mib is the GiB column x 1024.
+# A100 80GB: NVIDIA's MIG user guide). memory_mib is the GiB column x 1024.
 
 
 def _spots(starts, size) -> tuple:

@@ -1,4 +1,4 @@
-"""The core (plugins/module_utils/numa) stays pure: stdlib and its siblings only (STYLE.md §1, §3)."""
+"""The core (plugins/module_utils/numa) stays pure: stdlib and its siblings only."""
 
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import tarfile
 import time
 
@@ -32,7 +33,8 @@ def plan_capture(reader: Reader) -> list:
     real_roots = {name: os.path.realpath(root) for name, root in given.items()}
     entries: dict = {}
     for path in sorted(reader.accessed):
-        located = _relative(path, given)
+        # Readers that resolve links (class/drm/cardN) record real paths: accept both forms.
+        located = _relative(path, given) or _relative(path, real_roots)
         if located is None or not os.path.lexists(path):
             continue
         top, rel = located
@@ -63,12 +65,29 @@ def _archive_name(real: str, real_roots: dict):
     return top if rel == "." else os.path.normpath(os.path.join(top, rel))
 
 
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def check_capture_name(name: str) -> str:
+    """``name`` if it is a safe top-level directory name for a capture; raises TopologyError."""
+    if not _NAME_RE.match(name or "") or ".." in name:
+        raise TopologyError(
+            f"name={name!r}",
+            "a capture's name must be one directory name of letters, digits, '.', '_' and '-' "
+            "(usually the inventory hostname); it must not be empty or contain '/' or '..'",
+        )
+    return name
+
+
 def write_capture(entries: list, dest: str, prefix: str) -> int:
     """Write the entries as a gzip tarball at ``dest`` under ``prefix/``; returns files stored.
 
     File contents are read, not stat-sized (sysfs reports 4096 bytes for every file). Files that
     cannot be read (write-only, EIO) are skipped. Raises TopologyError if ``dest`` cannot be written.
     """
+    check_capture_name(prefix)
+    if not dest:
+        raise TopologyError("dest=''", "dest must be the path of the tarball to write")
     stored = 0
     now = int(time.time())
     try:

@@ -25,15 +25,21 @@ class CpulistError(NumaTuneError):
 
 
 class SnapshotError(NumaTuneError):
-    """A GPU snapshot file could not be read or written, or does not have the expected shape."""
+    """A GPU snapshot file could not be read or written, or does not have the expected shape.
 
-    def __init__(self, path: str, reason: str) -> None:
+    ``fix`` is the sentence that tells the user what to do; the default suits a snapshot that
+    cannot be used, and a failed write gives its own.
+    """
+
+    RECORD_AGAIN = (
+        "Record a new one with numafleet.tuning.gpu_topology_facts snapshot_out=PATH on the host."
+    )
+
+    def __init__(self, path: str, reason: str, fix: str = RECORD_AGAIN) -> None:
         self.path = path
         self.reason = reason
-        super().__init__(
-            f"GPU snapshot {path}: {reason}. Record a new one with "
-            "numafleet.tuning.gpu_topology_facts snapshot_out=PATH on the host."
-        )
+        self.fix = fix
+        super().__init__(f"GPU snapshot {path}: {reason}. {fix}")
 
 
 class CommandOutputError(NumaTuneError):

@@ -8,7 +8,11 @@ from .sysfs import Reader
 
 
 def read_numa_facts(reader: Reader) -> dict:
-    """JSON-ready ansible_facts.numa for the host behind ``reader``; bad files become warnings."""
+    """JSON-ready ansible_facts.numa for the host behind ``reader``; bad files become warnings.
+
+    Raises TopologyError when the roots are not a sysfs/procfs tree at all (Reader.check_roots).
+    """
+    reader.check_roots()
     topo = topology.read_topology(reader)
     node_cpus = {node.id: node.cpus for node in topo.nodes}
     devices = pci.read_pci_devices(reader, node_cpus)

@@ -15,6 +15,7 @@ import ctypes
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass, replace
 from typing import Callable, Optional
 from xml.etree import ElementTree
@@ -75,6 +76,24 @@ _GI_SUFFIXES = {
 }
 _CI_CONSTANT_RE = re.compile(r"^NVML_COMPUTE_INSTANCE_PROFILE_([0-9]+)_SLICE(?:_[A-Z0-9]+)?$")
 _NOT_AVAILABLE = ("", "n/a", "none")
+# nvidia-smi's spellings of the values the facts give in lower case.
+_XML_SWITCH = ("Enabled", "Disabled")
+_XML_COMPUTE_MODES = ("Default", "Exclusive_Thread", "Prohibited", "Exclusive_Process")
+# coreutils timeout: 124 when the command ran out of time, 137 when it had to be killed.
+_TIMEOUT_STATUSES = (124, 137)
+_KILL_AFTER_S = 5
+# A real ``nvidia-smi -q -x`` report is well under a MiB per GPU.
+_OUTPUT_LIMIT = 64 << 20
+# Longest piece of a file or command output quoted in a message.
+_QUOTE_LIMIT = 80
+_SNAPSHOT_FILE_FIX = "Point snapshot at a JSON file written by numafleet.tuning.gpu_topology_facts snapshot_out=PATH."
+_FILE_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
 
 @dataclass(frozen=True)
@@ -128,6 +147,16 @@ class _NvmlMissing(NumaTuneError):
 # Shared helpers
 
 
+def _clip(text: str) -> str:
+    """``text`` cut to _QUOTE_LIMIT characters with an ellipsis, so no message quotes a whole file."""
+    return text if len(text) <= _QUOTE_LIMIT else text[:_QUOTE_LIMIT] + "..."
+
+
+def _quote(value) -> str:
+    """repr() of ``value`` for a message, its text cut as by _clip."""
+    return repr(_clip(value)) if isinstance(value, str) else _clip(repr(value))
+
+
 def normalise_bus_id(bus_id) -> str:
     """Kernel-style address (``0000:db:00.0``) of an NVML/nvidia-smi bus id; raises ValueError.
 
@@ -139,7 +168,7 @@ def normalise_bus_id(bus_id) -> str:
     text = str(bus_id).replace("\0", "").strip()
     match = _BUS_ID_RE.match(text)
     if not match:
-        raise ValueError(f"{text!r} is not a PCI bus id like 00000000:DB:00.0")
+        raise ValueError(f"{_quote(text)} is not a PCI bus id like 00000000:DB:00.0")
     domain, bus, device, function = match.groups()
     return f"{int(domain, 16):04x}:{bus.lower()}:{device.lower()}.{function}"
 
@@ -652,9 +681,23 @@ def _xml_value(element, path: str, miss: dict, key: str) -> Optional[str]:
         return None
     text = (found.text or "").strip()
     if text.lower() in _NOT_AVAILABLE or text.startswith("["):
-        miss[key] = f"nvidia-smi reports {text or 'nothing'} for <{path}>"
+        miss[key] = f"nvidia-smi reports {_clip(text) or 'nothing'} for <{path}>"
         return None
     return text
+
+
+def _xml_choice(text: Optional[str], spellings: tuple, miss: dict, key: str, label: str):
+    """The lower-case value of nvidia-smi's spelling ``text``; None (reason in ``miss``) if unknown.
+
+    An unknown spelling must not pass through: a snapshot would record it and then refuse it.
+    """
+    if text is None:
+        return None
+    value = re.sub(r"[\s-]+", "_", text.strip()).lower()
+    if value in (spelling.lower() for spelling in spellings):
+        return value
+    miss[key] = f"nvidia-smi: {label} {_quote(text)} is not one of {', '.join(spellings)}"
+    return None
 
 
 def _xml_int(text: Optional[str]) -> Optional[int]:
@@ -663,10 +706,14 @@ def _xml_int(text: Optional[str]) -> Optional[int]:
 
 
 def _xml_mig(element, miss: dict) -> Optional[dict]:
-    current = _xml_value(element, "mig_mode/current_mig", miss, "mig")
+    raw = _xml_value(element, "mig_mode/current_mig", miss, "mig")
+    current = _xml_choice(raw, _XML_SWITCH, miss, "mig", "mig mode_current")
     if current is None:
         return None
-    pending = _xml_value(element, "mig_mode/pending_mig", {}, "") or current
+    raw = _xml_value(element, "mig_mode/pending_mig", {}, "")
+    pending = current
+    if raw is not None:  # absent or N/A: no change is pending
+        pending = _xml_choice(raw, _XML_SWITCH, miss, "mig.mode_pending", "mig mode_pending")
     instances: dict = {}
     for device in element.findall("mig_devices/mig_device"):
         gpu_instance = _xml_int(device.findtext("gpu_instance_id"))
@@ -680,8 +727,8 @@ def _xml_mig(element, miss: dict) -> Optional[dict]:
     if instances:
         miss["mig.gpu_instances"] = "nvidia-smi -q gives instance ids only, not profiles or UUIDs"
     return {
-        "mode_current": current.lower(),
-        "mode_pending": pending.lower(),
+        "mode_current": current,
+        "mode_pending": pending,
         "gpu_instances": [
             {
                 "id": gi_id,
@@ -709,10 +756,10 @@ def _xml_record(element) -> dict:
     total = _xml_value(element, "fb_memory_usage/total", miss, "memory_total_mib")
     record["memory_total_mib"] = _xml_int(total)
     if total is not None and record["memory_total_mib"] is None:
-        miss["memory_total_mib"] = f"nvidia-smi printed {total!r}, not a size in MiB"
-    for key, path in (("compute_mode", "compute_mode"), ("persistence_mode", "persistence_mode")):
-        value = _xml_value(element, path, miss, key)
-        record[key] = value.lower() if value else None
+        miss["memory_total_mib"] = f"nvidia-smi printed {_quote(total)}, not a size in MiB"
+    for key, spellings in (("compute_mode", _XML_COMPUTE_MODES), ("persistence_mode", _XML_SWITCH)):
+        value = _xml_value(element, key, miss, key)
+        record[key] = _xml_choice(value, spellings, miss, key, key)
     record["mig"] = _xml_mig(element, miss)
     if element.find("processes") is None:
         miss["processes"] = "nvidia-smi printed no <processes>"
@@ -735,10 +782,13 @@ def parse_nvidia_smi_xml(text: str) -> GpuState:
     try:
         root = ElementTree.fromstring(text)
     except (ElementTree.ParseError, ValueError, LookupError) as exc:
-        raise CommandOutputError(NVIDIA_SMI_COMMAND, f"output is not XML ({exc})") from None
+        raise CommandOutputError(
+            NVIDIA_SMI_COMMAND, f"output is not XML ({_clip(str(exc))})"
+        ) from None
     if root.tag != "nvidia_smi_log":
         raise CommandOutputError(
-            NVIDIA_SMI_COMMAND, f"output's root element is <{root.tag}>, not <nvidia_smi_log>"
+            NVIDIA_SMI_COMMAND,
+            f"output's root element is <{_clip(str(root.tag))}>, not <nvidia_smi_log>",
         )
     gpus, warnings = {}, []
     for position, element in enumerate(root.findall("gpu")):
@@ -768,12 +818,63 @@ def _smi_unavailable(reason: str) -> GpuState:
     )
 
 
-def read_nvidia_smi(runner: Optional[Callable], required: bool) -> GpuState:
+def nvidia_smi_argv(
+    nvidia_smi: Optional[str], timeout: Optional[str], seconds: int
+) -> Optional[list]:
+    """argv running ``nvidia-smi -q -x`` under coreutils ``timeout``, or None without nvidia-smi.
+
+    ``timeout`` is the path of coreutils ``timeout`` (None: run nvidia-smi without a limit);
+    ``seconds`` is the limit. Raises CommandOutputError when ``seconds`` is below 1.
+    """
+    if isinstance(seconds, bool) or not isinstance(seconds, int) or seconds < 1:
+        raise CommandOutputError(
+            NVIDIA_SMI_COMMAND,
+            f"nvidia_smi_timeout is {_quote(seconds)}; set it to a whole number of seconds, "
+            "1 or more",
+        )
+    if nvidia_smi is None:
+        return None
+    command = [nvidia_smi, "-q", "-x"]
+    if timeout is None:
+        return command
+    return [timeout, f"--kill-after={_KILL_AFTER_S}", str(seconds)] + command
+
+
+def _first_line(*texts) -> str:
+    for text in texts:
+        head = (text or "").lstrip()[: _QUOTE_LIMIT * 4]
+        if head:
+            return _clip(head.splitlines()[0].rstrip())
+    return ""
+
+
+def _smi_outcome(rc: int, out: str, err: str, timeout_s: Optional[int]) -> tuple:
+    """(GPU state, None) of a finished nvidia-smi, or (None, (reason, how to fix or None))."""
+    if timeout_s is not None and rc in _TIMEOUT_STATUSES:
+        return None, (
+            f"timed out after {timeout_s} s",
+            "raise nvidia_smi_timeout if the driver is only slow, or find out why nvidia-smi hangs",
+        )
+    if rc != 0:
+        return None, (f"exited with status {rc}: {_first_line(err, out)}".rstrip(": "), None)
+    if len(out or "") > _OUTPUT_LIMIT:
+        limit = _OUTPUT_LIMIT >> 20
+        return None, (f"printed more than {limit} MiB, which is no nvidia-smi -q -x report", None)
+    try:
+        return parse_nvidia_smi_xml(out), None
+    except CommandOutputError as exc:
+        return None, (exc.reason, None)
+
+
+def read_nvidia_smi(
+    runner: Optional[Callable], required: bool, timeout_s: Optional[int] = None
+) -> GpuState:
     """GPU state from ``runner()`` -> (rc, stdout, stderr) of ``nvidia-smi -q -x``.
 
-    ``runner`` is None when nvidia-smi is not installed. Unless ``required``, a missing binary, a
-    non-zero exit or unparsable output gives ``nvidia_smi.used: false`` with the reason; with
-    ``required`` they raise CommandOutputError.
+    ``runner`` is None when nvidia-smi is not installed. ``timeout_s`` is set when the runner runs
+    it under coreutils ``timeout`` with that limit, so that status 124 or 137 means it timed out.
+    Unless ``required``, a missing binary, a timeout, a non-zero exit or unusable output gives
+    ``nvidia_smi.used: false`` with the reason; with ``required`` they raise CommandOutputError.
     """
     if runner is None:
         reason = "nvidia-smi was not found in PATH"
@@ -783,18 +884,13 @@ def read_nvidia_smi(runner: Optional[Callable], required: bool) -> GpuState:
             )
         return _smi_unavailable(reason)
     rc, out, err = runner()
-    if rc != 0:
-        lines = (err or "").strip().splitlines() or (out or "").strip().splitlines() or [""]
-        reason = f"exited with status {rc}: {lines[0]}".rstrip(": ")
-        if required:
-            raise CommandOutputError(NVIDIA_SMI_COMMAND, reason)
-        return _smi_unavailable(reason)
-    try:
-        return parse_nvidia_smi_xml(out)
-    except CommandOutputError as exc:
-        if required:
-            raise
-        return _smi_unavailable(exc.reason)
+    state, failure = _smi_outcome(rc, out, err, timeout_s)
+    if state is not None:
+        return state
+    reason, fix = failure
+    if required:
+        raise CommandOutputError(NVIDIA_SMI_COMMAND, f"{reason}; {fix}" if fix else reason)
+    return _smi_unavailable(reason)
 
 
 def read_gpu_state(
@@ -803,13 +899,15 @@ def read_gpu_state(
     nvidia_smi: Optional[Callable] = None,
     nvidia_smi_mode: str = "auto",
     snapshot: Optional[str] = None,
+    nvidia_smi_timeout: Optional[int] = None,
 ) -> GpuState:
     """GPU state from a snapshot, else NVML, else nvidia-smi.
 
     Raises SnapshotError for a bad snapshot and CommandOutputError when ``always`` fails.
 
     ``nvml`` is the imported pynvml module (None when it cannot be imported, ``nvml_reason`` says
-    why); ``nvidia_smi`` is the runner for :func:`read_nvidia_smi`. ``nvidia_smi_mode``: ``auto``
+    why); ``nvidia_smi`` is the runner for :func:`read_nvidia_smi`, and ``nvidia_smi_timeout``
+    the limit it runs under (None: no ``timeout``). ``nvidia_smi_mode``: ``auto``
     runs nvidia-smi only when NVML is unavailable, ``always`` uses it instead of NVML (and fails
     without it), ``never`` does not run it.
     """
@@ -821,7 +919,7 @@ def read_gpu_state(
     if snapshot is not None:
         return read_snapshot(snapshot)
     if nvidia_smi_mode == "always":
-        state = read_nvidia_smi(nvidia_smi, required=True)
+        state = read_nvidia_smi(nvidia_smi, True, nvidia_smi_timeout)
         skipped = {
             "available": False,
             "reason": "not used: nvidia_smi=always",
@@ -837,7 +935,7 @@ def read_gpu_state(
     if nvidia_smi_mode == "never":
         skipped = {"used": False, "reason": "not tried: nvidia_smi=never", "driver_version": None}
         return replace(state, nvidia_smi=skipped)
-    return replace(read_nvidia_smi(nvidia_smi, required=False), nvml=state.nvml)
+    return replace(read_nvidia_smi(nvidia_smi, False, nvidia_smi_timeout), nvml=state.nvml)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -881,7 +979,7 @@ _PROFILE = _obj(
 )
 _MIG = _obj(
     mode_current=_SWITCH,
-    mode_pending=_SWITCH,
+    mode_pending=_opt(_SWITCH),
     gpu_instances=_opt(_list(_GPU_INSTANCE)),
     supported_profiles=_opt(_list(_PROFILE)),
 )
@@ -942,24 +1040,26 @@ def _check(value, schema: tuple, where: str, path: str) -> None:
         raise SnapshotError(path, f"{place} must be {expected[1]}, not {_json_type(value)}")
     if kind == "enum" and value not in schema[1]:
         choices = ", ".join(schema[1])
-        raise SnapshotError(path, f"{place} is {value!r}; expected one of {choices}")
+        raise SnapshotError(path, f"{place} is {_quote(value)}; expected one of {choices}")
     if kind == "address":
         try:
             pci.parse_address(value)
-        except ValueError as exc:
-            raise SnapshotError(path, f"{place}: {exc}") from None
+        except ValueError:
+            raise SnapshotError(
+                path, f"{place}: {_quote(value)} is not a PCI address DDDD:BB:DD.F"
+            ) from None
     if kind == "list":
         for index, item in enumerate(value):
             _check(item, schema[1], f"{where}[{index}]", path)
     elif kind == "map":
         for key, item in value.items():
-            _check(item, schema[1], f"{where}.{key}", path)
+            _check(item, schema[1], f"{where}.{_clip(key)}", path)
     elif kind == "obj":
         fields = schema[1]
         missing = [key for key in fields if key not in value]
         if missing:
             raise SnapshotError(path, f"{place} lacks {', '.join(missing)}")
-        extra = sorted(repr(key) for key in value if key not in fields)
+        extra = sorted(_quote(key) for key in value if key not in fields)
         if extra:
             raise SnapshotError(path, f"{place} has unknown key(s) {', '.join(extra)}")
         for key, item_schema in fields.items():
@@ -989,13 +1089,14 @@ def parse_snapshot(text: str, path: str) -> GpuState:
     try:
         doc = json.loads(text)
     except (ValueError, RecursionError) as exc:
-        raise SnapshotError(path, f"is not JSON ({exc})") from None
+        raise SnapshotError(path, f"is not JSON ({_clip(str(exc))})") from None
     if not isinstance(doc, dict) or doc.get("format") != SNAPSHOT_FORMAT:
         raise SnapshotError(path, f'is not a GPU snapshot (no "format": "{SNAPSHOT_FORMAT}")')
     if doc.get("version") != SNAPSHOT_VERSION:
         raise SnapshotError(
             path,
-            f"has version {doc.get('version')!r}; this collection reads version {SNAPSHOT_VERSION}",
+            f"has version {_quote(doc.get('version'))}; this collection reads version "
+            f"{SNAPSHOT_VERSION}",
         )
     _check(doc, _SNAPSHOT, "", path)
     gpus: dict = {}
@@ -1014,15 +1115,37 @@ def parse_snapshot(text: str, path: str) -> GpuState:
     )
 
 
+def _not_regular(mode: int) -> Optional[str]:
+    """Why a file of st_mode ``mode`` is no snapshot (a FIFO or device would block or stream)."""
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((word for test, word in _FILE_KINDS if test(mode)), "not a file")
+    return f"is not a regular file (it is {kind})"
+
+
+def _open_nonblocking(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NONBLOCK)
+
+
 def read_snapshot(path: str) -> GpuState:
-    """GPU state recorded in the snapshot file ``path``; raises SnapshotError."""
+    """GPU state recorded in the snapshot file ``path``; raises SnapshotError.
+
+    Anything but a regular file (a FIFO, a directory, a device) is refused before it is opened.
+    """
+    text = ""
     try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read(_SNAPSHOT_LIMIT + 1)
+        odd = _not_regular(os.stat(path).st_mode)
+        if odd is None:
+            with open(path, encoding="utf-8", opener=_open_nonblocking) as handle:
+                odd = _not_regular(os.fstat(handle.fileno()).st_mode)  # replaced since the stat
+                if odd is None:
+                    text = handle.read(_SNAPSHOT_LIMIT + 1)
     except OSError as exc:
         raise SnapshotError(path, f"cannot be read ({exc.strerror or exc})") from None
     except UnicodeDecodeError as exc:
         raise SnapshotError(path, f"is not UTF-8 text ({exc.reason})") from None
+    if odd is not None:
+        raise SnapshotError(path, odd, fix=_SNAPSHOT_FILE_FIX)
     if len(text) > _SNAPSHOT_LIMIT:
         raise SnapshotError(path, f"is larger than {_SNAPSHOT_LIMIT >> 20} MiB")
     return parse_snapshot(text, path)
@@ -1042,7 +1165,12 @@ def write_snapshot(path: str, state: GpuState) -> None:
             os.unlink(scratch)
         except OSError:
             pass
-        raise SnapshotError(path, f"cannot be written ({exc.strerror or exc})") from None
+        raise SnapshotError(
+            path,
+            f"cannot be written ({exc.strerror or exc})",
+            fix=f"Make sure the directory of snapshot_out ({directory}) exists and is writable "
+            "on the host, and that snapshot_out is not itself a directory.",
+        ) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1054,7 +1182,8 @@ def merge(gpus: list, state: GpuState) -> tuple:
 
     sysfs stays the source of identity and locality; enriched values are credited to
     ``state.label``. An address the enrichment reports but sysfs lacks, or an NVIDIA GPU the
-    enrichment does not report, becomes a warning.
+    enrichment does not report, becomes a warning; the latter also gets the reason for each
+    enriched field in its ``unavailable``.
     """
     label, entries, warnings = state.label, [], []
     for gpu in sorted(gpus, key=lambda item: _address_key(item.address)):
@@ -1082,13 +1211,9 @@ def merge(gpus: list, state: GpuState) -> tuple:
                     sources[key] = label
             unavailable = dict(record["unavailable"])
         elif gpu.vendor == "nvidia" and label is not None:
-            warnings.append(
-                {
-                    "path": gpu.address,
-                    "reason": f"{label} did not report this GPU "
-                    "(another driver, a cgroup, or lost)",
-                }
-            )
+            reason = f"{label} did not report this GPU (another driver, a cgroup, or lost)"
+            unavailable = dict.fromkeys(ENRICHED_FIELDS, reason)
+            warnings.append({"path": gpu.address, "reason": reason})
         entry["sources"] = dict(sorted(sources.items()))
         entry["unavailable"] = dict(sorted(unavailable.items()))
         entries.append(entry)
@@ -1101,7 +1226,11 @@ def merge(gpus: list, state: GpuState) -> tuple:
 
 
 def read_gpu_topology(reader: Reader, state: GpuState) -> dict:
-    """JSON-ready ansible_facts.gpu_topology: sysfs GPUs (via ``reader``) enriched by ``state``."""
+    """JSON-ready ansible_facts.gpu_topology: sysfs GPUs (via ``reader``) enriched by ``state``.
+
+    Raises TopologyError when the roots are not a sysfs/procfs tree at all (Reader.check_roots).
+    """
+    reader.check_roots()
     gpus = read_gpus(reader, topology.read_node_cpus(reader))
     entries, warnings = merge(gpus, state)
     return {

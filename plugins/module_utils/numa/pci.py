@@ -104,8 +104,9 @@ def _bridge_class(reader: Reader, real_parent: str, depth: int) -> Optional[str]
 
 def _read_device(reader: Reader, address: str, node_cpus: dict) -> PciDevice:
     link = reader.sys(*PCI_DIR, address)
-    class_code = reader.text(f"{link}/class", optional=True)
-    vendor_id = reader.text(f"{link}/vendor", optional=True)
+    # Every kernel writes class and vendor: without them a device cannot be classified.
+    class_code = reader.text(f"{link}/class")
+    vendor_id = reader.text(f"{link}/vendor")
     device_id = reader.text(f"{link}/device", optional=True)
     raw_node = reader.integer(f"{link}/numa_node", optional=True)
     numa_node = raw_node if raw_node is not None and raw_node >= 0 else None

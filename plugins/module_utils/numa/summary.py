@@ -7,7 +7,9 @@ from .cpulist import format_cpulist
 
 
 def _gib(kb) -> str:
-    gib = (kb or 0) / 1048576
+    if kb is None:
+        return "? GiB"
+    gib = kb / 1048576
     return f"{gib:.1f} GiB" if gib < 10 else f"{gib:.0f} GiB"
 
 
@@ -47,7 +49,11 @@ def summarize_topology(numa: dict, gpu_topology=None) -> str:
         line.append(f"gpus={len(gpus)} " + ",".join(described))
     else:
         line.append("gpus=0")
-    warnings = len(numa.get("warnings") or []) + len((gpu_topology or {}).get("warnings") or [])
+    # Both facts read some of the same files: count each unusable path once.
+    warnings = len(
+        {w.get("path") for w in (numa.get("warnings") or [])}
+        | {w.get("path") for w in ((gpu_topology or {}).get("warnings") or [])}
+    )
     findings = len(numa.get("consistency") or [])
     line.append(f"warnings={warnings}" + (f" findings={findings}" if findings else ""))
     return " | ".join(item for item in line if item)

@@ -4,12 +4,15 @@
 from __future__ import annotations
 
 import os
+import stat
 from typing import Callable, Optional, TypeVar
 
 from .cpulist import parse_cpulist, parse_cpumask
-from .errors import NumaTuneError
+from .errors import NumaTuneError, TopologyError
 
 T = TypeVar("T")
+# Longest reason kept in a warning: a malformed file's text is quoted, never the whole of it.
+MAX_REASON = 200
 
 
 def parse_int(text: str) -> int:
@@ -29,8 +32,8 @@ class Reader:
     """
 
     def __init__(self, sysfs_root: str = "/sys", procfs_root: str = "/proc") -> None:
-        self.sysfs_root = sysfs_root.rstrip("/") or "/"
-        self.procfs_root = procfs_root.rstrip("/") or "/"
+        self.sysfs_root = os.path.abspath(sysfs_root) if sysfs_root else ""
+        self.procfs_root = os.path.abspath(procfs_root) if procfs_root else ""
         self.warnings: list[dict] = []
         self.accessed: set[str] = set()
 
@@ -44,6 +47,8 @@ class Reader:
 
     def warn(self, path: str, reason: str) -> None:
         """Record that ``path`` could not be used, and why."""
+        if len(reason) > MAX_REASON:
+            reason = reason[: MAX_REASON - 3] + "..."
         entry = {"path": path, "reason": reason}
         if entry not in self.warnings:
             self.warnings.append(entry)
@@ -53,6 +58,32 @@ class Reader:
         self.accessed.add(path)
         return os.path.exists(path)
 
+    def isdir(self, path: str) -> bool:
+        """Whether ``path`` is a directory (or a link to one); recorded as accessed."""
+        self.accessed.add(path)
+        return os.path.isdir(path)
+
+    def check_roots(self) -> None:
+        """Raise TopologyError unless the roots look like a sysfs and a procfs mount.
+
+        A sysfs always has ``devices/system/cpu``; a procfs root must be a directory. A mistyped
+        root must fail loudly rather than read as a machine with no CPUs.
+        """
+        checks = (
+            ("sysfs_root", self.sysfs_root, os.path.join("devices", "system", "cpu"), "sys"),
+            ("procfs_root", self.procfs_root, "", "proc"),
+        )
+        for option, root, marker, name in checks:
+            wanted = (os.path.join(root, marker) if marker else root) if root else ""
+            self.accessed.add(wanted)
+            if not wanted or not os.path.isdir(wanted):
+                raise TopologyError(
+                    wanted or "(empty path)",
+                    f"no such directory, so {option}={root!r} is not a {name} tree. Point "
+                    f"{option} at the host's /{name}, or at the {name}/ directory of an unpacked "
+                    "capture",
+                )
+
     def text(self, path: str, optional: bool = False) -> Optional[str]:
         """File content with trailing NULs and whitespace removed; None (and a warning) on error.
 
@@ -60,6 +91,9 @@ class Reader:
         """
         self.accessed.add(path)
         try:
+            if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO or device would block or stream
+                self.warn(path, "not a regular file")
+                return None
             with open(path, "rb") as handle:
                 raw = handle.read(1 << 20)
         except FileNotFoundError:

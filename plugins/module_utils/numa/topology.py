@@ -16,6 +16,7 @@ KIND_CPU_MEMORY = "cpu+memory"
 KIND_CPU_ONLY = "cpu-only"
 KIND_MEMORY_ONLY = "memory-only"
 KIND_EMPTY = "empty"
+KIND_UNKNOWN = "unknown"
 _NODE_RE = re.compile(r"^node([0-9]+)$")
 _CPU_RE = re.compile(r"^cpu([0-9]+)$")
 _POOL_RE = re.compile(r"^hugepages-([0-9]+)kB$")
@@ -124,7 +125,12 @@ def parse_selected(text: str) -> str:
 
 
 def node_kind(cpus, memory_kb: Optional[int]) -> str:
-    """cpu+memory, cpu-only, memory-only or empty for a node's CPUs and memory size."""
+    """cpu+memory, cpu-only, memory-only or empty; unknown when CPUs or memory could not be read.
+
+    ``cpus`` or ``memory_kb`` is None when its file was unreadable: the kind is then never guessed.
+    """
+    if cpus is None or memory_kb is None:
+        return KIND_UNKNOWN
     has_memory = bool(memory_kb)
     if cpus:
         return KIND_CPU_MEMORY if has_memory else KIND_CPU_ONLY
@@ -161,11 +167,12 @@ def _listed_ids(reader: Reader, directory: str, pattern) -> list:
     return sorted(ids)
 
 
-def _node_cpus(reader: Reader, base: str) -> list:
-    has_list = reader.exists(f"{base}/cpulist")  # old kernels have only cpumap
+def _node_cpus(reader: Reader, base: str) -> Optional[list]:
+    """CPUs of a node directory from cpulist, else cpumap (old kernels); None if neither reads."""
+    has_list = reader.exists(f"{base}/cpulist")
     cpus = reader.cpulist(f"{base}/cpulist") if has_list else None
     if cpus is None:
-        cpus = reader.cpumask(f"{base}/cpumap", optional=has_list) or []
+        cpus = reader.cpumask(f"{base}/cpumap", optional=has_list)
     return cpus
 
 
@@ -173,7 +180,7 @@ def read_node_cpus(reader: Reader) -> dict:
     """{node id: CPUs} of <sysfs_root>/devices/system/node/node*/cpulist (else cpumap); {} without NUMA."""
     node_dir = reader.sys(*NODE_DIR)
     return {
-        node_id: tuple(_node_cpus(reader, f"{node_dir}/node{node_id}"))
+        node_id: tuple(_node_cpus(reader, f"{node_dir}/node{node_id}") or ())
         for node_id in _listed_ids(reader, node_dir, _NODE_RE)
     }
 
@@ -185,7 +192,7 @@ def _read_node(reader: Reader, node_id: int) -> NumaNode:
     memory_kb = meminfo.get("MemTotal")
     return NumaNode(
         id=node_id,
-        cpus=tuple(cpus),
+        cpus=tuple(cpus or ()),
         memory_kb=memory_kb,
         memfree_kb=meminfo.get("MemFree"),
         kind=node_kind(cpus, memory_kb),
@@ -319,7 +326,7 @@ def _fallback_node(reader: Reader, online: list) -> NumaNode:
 def read_topology(reader: Reader) -> Topology:
     """NUMA topology of the host behind ``reader``; never raises for bad files (see reader.warnings)."""
     node_dir = reader.sys(*NODE_DIR)
-    numa_enabled = reader.exists(node_dir)
+    numa_enabled = reader.isdir(node_dir)
     cpu_ids = _listed_ids(reader, reader.sys(*CPU_DIR), _CPU_RE)
     sets = _cpu_sets(reader, cpu_ids)
     if numa_enabled:

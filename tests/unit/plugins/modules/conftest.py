@@ -1,4 +1,4 @@
-"""Run a module's main() in-process (STYLE.md §7, layer 2).
+"""Run a module's main() in-process (test layer 2, see CONTRIBUTING.md).
 
     def test_facts(run_module, tmp_path):
         result = run_module("numa_facts", {"sysfs_root": str(tmp_path)}, check_mode=True)

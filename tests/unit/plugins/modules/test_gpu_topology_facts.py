@@ -7,6 +7,8 @@ import os
 import shutil
 import stat
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pynvml
@@ -61,6 +63,32 @@ def fake_nvidia_smi(tmp_path, monkeypatch):
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("PATH", f"{bindir}:{os.environ.get('PATH', '')}")
     return script
+
+
+@pytest.fixture
+def hanging_nvidia_smi(tmp_path, monkeypatch):
+    """An nvidia-smi first on PATH that never returns (a wedged driver), through a child process."""
+    bindir = tmp_path / "hang-bin"
+    bindir.mkdir()
+    script = bindir / "nvidia-smi"
+    script.write_text("#!/bin/sh\nsleep 1000\n")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ.get('PATH', '')}")
+    return script
+
+
+def unblock_fifo_later(path, seconds=3.0):
+    """Open ``path`` for writing after ``seconds`` if a reader waits on it, so no test hangs."""
+
+    def release():
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:  # ENXIO: nobody opened it for reading, as it should be
+            pass
+
+    timer = threading.Timer(seconds, release)
+    timer.daemon = True
+    timer.start()
 
 
 @needs_no_gpu
@@ -194,6 +222,61 @@ def test_nvidia_smi_always_without_the_binary_fails(run_module, host):
     assert result["msg"] == (
         "nvidia-smi -q -x: nvidia-smi was not found in PATH; install the NVIDIA driver utilities "
         "or use auto"
+    )
+
+
+@needs_no_gpu
+def test_hanging_nvidia_smi_times_out_in_auto_mode(run_module, host, hanging_nvidia_smi):
+    started = time.monotonic()
+    result = run_module("gpu_topology_facts", dict(host, nvidia_smi_timeout=1))
+    assert time.monotonic() - started < 15
+    assert result["failed"] is False
+    facts = result["ansible_facts"]["gpu_topology"]
+    assert facts["nvidia_smi"] == {
+        "used": False,
+        "reason": "timed out after 1 s",
+        "driver_version": None,
+    }
+    assert len(facts["gpus"]) == 4 and all(g["uuid"] is None for g in facts["gpus"])
+
+
+def test_hanging_nvidia_smi_fails_the_task_in_always_mode(run_module, host, hanging_nvidia_smi):
+    started = time.monotonic()
+    result = run_module("gpu_topology_facts", dict(host, nvidia_smi="always", nvidia_smi_timeout=1))
+    assert time.monotonic() - started < 15
+    assert result["failed"] is True
+    assert result["msg"] == (
+        "nvidia-smi -q -x: timed out after 1 s; raise nvidia_smi_timeout if the driver is only "
+        "slow, or find out why nvidia-smi hangs"
+    )
+
+
+def test_nvidia_smi_timeout_below_one_second_is_refused(run_module, host):
+    result = run_module("gpu_topology_facts", dict(host, nvidia_smi_timeout=0))
+    assert result["failed"] is True
+    assert result["msg"] == (
+        "nvidia-smi -q -x: nvidia_smi_timeout is 0; set it to a whole number of seconds, 1 or more"
+    )
+
+
+def test_snapshot_fifo_fails_without_hanging(run_module, host, tmp_path):
+    fifo = tmp_path / "snapshot.json"
+    os.mkfifo(fifo)
+    unblock_fifo_later(str(fifo))
+    result = run_module("gpu_topology_facts", dict(host, snapshot=str(fifo)))
+    assert result["failed"] is True
+    assert result["msg"].startswith(f"GPU snapshot {fifo}: is not a regular file (it is a FIFO).")
+
+
+def test_snapshot_out_in_a_missing_directory_says_to_create_it(run_module, host, tmp_path):
+    out = tmp_path / "nonexistent" / "x.json"
+    snapshot = str(SNAPSHOTS / "synthetic-2x6338-4xa100.json")
+    result = run_module("gpu_topology_facts", dict(host, snapshot=snapshot, snapshot_out=str(out)))
+    assert result["failed"] is True
+    assert result["msg"] == (
+        f"GPU snapshot {out}: cannot be written (No such file or directory). Make sure the "
+        f"directory of snapshot_out ({out.parent}) exists and is writable on the host, and that "
+        "snapshot_out is not itself a directory."
     )
 
 

@@ -41,11 +41,25 @@ def test_running_twice_gives_the_same_facts(run_module, fixture_root):
     assert first["ansible_facts"] == second["ansible_facts"]
 
 
-def test_missing_root_is_warnings_not_a_failure(run_module, tmp_path):
-    result = run_module("numa_facts", args(str(tmp_path / "nothing")))
-    assert result["failed"] is False
-    paths = [w["path"] for w in result["ansible_facts"]["numa"]["warnings"]]
-    assert paths and all(p.startswith(str(tmp_path)) for p in paths)
+@pytest.mark.parametrize("where", ["nothing", "empty", "file"])
+def test_a_root_that_is_not_sysfs_fails_naming_the_option_and_the_fix(run_module, tmp_path, where):
+    (tmp_path / "empty" / "sys").mkdir(parents=True)
+    (tmp_path / "file").mkdir()
+    (tmp_path / "file" / "sys").write_text("not a directory")
+    result = run_module("numa_facts", args(str(tmp_path / where)))
+    assert result["failed"] is True
+    assert f"sysfs_root='{tmp_path / where / 'sys'}'" in result["msg"]
+    assert "Point sysfs_root at the host's /sys" in result["msg"]
+    assert "Traceback" not in result["msg"]
+
+
+def test_a_procfs_root_that_is_missing_fails(run_module, fixture_root, tmp_path):
+    root = fixture_root("2arm-2c")
+    result = run_module(
+        "numa_facts", {"sysfs_root": f"{root}/sys", "procfs_root": str(tmp_path / "nope")}
+    )
+    assert result["failed"] is True
+    assert "procfs_root=" in result["msg"] and "/proc" in result["msg"]
 
 
 def test_unknown_option_is_rejected_by_name(run_module):

@@ -70,3 +70,28 @@ def test_capture_to_an_unwritable_place_names_the_path(fixture_root, tmp_path):
     with pytest.raises(TopologyError) as err:
         write_capture(plan_capture(reader), dest, "host")
     assert dest in str(err.value) and "cannot write the capture" in str(err.value)
+
+
+def test_capture_through_a_root_with_dotdot_and_a_symlink_keeps_amd_partitions(
+    fixture_root, tmp_path
+):
+    real = fixture_root("synthetic-mi300x-cpx-nps4")
+    (tmp_path / "a").mkdir()
+    os.symlink(real, tmp_path / "link")
+    root = str(tmp_path / "a" / ".." / "link")
+    reader, facts, gpus = read_all(root)
+    assert all(g.partition["compute"]["current"] == "CPX" for g in gpus)
+    write_capture(plan_capture(reader), str(tmp_path / "c.tar.gz"), "mi300x-01")
+    with tarfile.open(tmp_path / "c.tar.gz") as archive:
+        archive.extractall(tmp_path / "out", filter="fully_trusted")
+    dummy, dummy2, gpus_again = read_all(str(tmp_path / "out" / "mi300x-01"))
+    assert gpus_again == gpus
+
+
+@pytest.mark.parametrize("name", ["", "..", "../evil", "a/b", "/abs", ".hidden"])
+def test_capture_names_that_could_escape_are_refused(fixture_root, tmp_path, name):
+    reader, dummy, dummy2 = read_all(fixture_root("2arm-2c"))
+    with pytest.raises(TopologyError) as err:
+        write_capture(plan_capture(reader), str(tmp_path / "c.tar.gz"), name)
+    assert "name=" in str(err.value) and "inventory hostname" in str(err.value)
+    assert not (tmp_path / "c.tar.gz").exists()

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
+import threading
 from pathlib import Path
 
 import pynvml
@@ -157,7 +159,7 @@ def test_mig_enabled_gpu_lists_instances_profiles_and_mig_device_uuids(tmp_path)
         assert gi["mig_device_uuid"] == compute["mig_device_uuid"]
     assert len({gi["mig_device_uuid"] for gi in mig["gpu_instances"]}) == 3
     profiles = {p["name"]: (p["id"], p["max_count"]) for p in mig["supported_profiles"]}
-    assert profiles == {  # DESIGN.md §8: 19 is 1g.10gb on A100-80GB, 4x20 GB is 1g.20gb (15)
+    assert profiles == {  # 19 is 1g.10gb on A100-80GB, 4x20 GB is 1g.20gb (15)
         "1g.10gb": (19, 7),
         "1g.10gb+me": (20, 1),
         "1g.20gb": (15, 4),
@@ -284,6 +286,8 @@ def test_a_gpu_nvml_cannot_open_is_a_warning_and_sysfs_still_lists_it(tmp_path):
     } in facts["warnings"]
     lost = by_address(facts)["0000:31:00.0"]
     assert lost["uuid"] is None and lost["node"] == 0
+    reason = "nvml did not report this GPU (another driver, a cgroup, or lost)"
+    assert lost["unavailable"] == dict.fromkeys(sorted(gpu.ENRICHED_FIELDS), reason)
     assert nvml.shutdowns == 1
 
 
@@ -550,6 +554,56 @@ def test_xml_mig_devices_processes_and_not_available_values():
     )
 
 
+ODD_XML = """<?xml version="1.0" ?>
+<nvidia_smi_log>
+  <driver_version>999.1</driver_version>
+  <gpu id="00000000:17:00.0">
+    <product_name>NVIDIA A100 80GB PCIe</product_name>
+    <uuid>GPU-1</uuid>
+    <persistence_mode>maybe</persistence_mode>
+    <compute_mode>weird</compute_mode>
+    <mig_mode><current_mig>whatever</current_mig><pending_mig>Enabled</pending_mig></mig_mode>
+    <fb_memory_usage><total>81920 MiB</total></fb_memory_usage>
+    <processes></processes>
+  </gpu>
+  <gpu id="00000000:31:00.0">
+    <persistence_mode>ENABLED</persistence_mode>
+    <compute_mode>Exclusive_Thread</compute_mode>
+    <mig_mode><current_mig>Disabled</current_mig><pending_mig>soon</pending_mig></mig_mode>
+  </gpu>
+</nvidia_smi_log>
+"""  # hand-made: values a newer or odd driver might print
+
+
+def test_odd_nvidia_smi_values_are_null_with_reasons_and_survive_a_snapshot(tmp_path):
+    state = gpu.parse_nvidia_smi_xml(ODD_XML)
+    odd, other = state.gpus["0000:17:00.0"], state.gpus["0000:31:00.0"]
+    assert (odd["persistence_mode"], odd["compute_mode"], odd["mig"]) == (None, None, None)
+    assert odd["unavailable"]["persistence_mode"] == (
+        "nvidia-smi: persistence_mode 'maybe' is not one of Enabled, Disabled"
+    )
+    assert odd["unavailable"]["compute_mode"] == (
+        "nvidia-smi: compute_mode 'weird' is not one of Default, Exclusive_Thread, Prohibited, "
+        "Exclusive_Process"
+    )
+    assert odd["unavailable"]["mig"] == (
+        "nvidia-smi: mig mode_current 'whatever' is not one of Enabled, Disabled"
+    )
+    assert (other["persistence_mode"], other["compute_mode"]) == ("enabled", "exclusive_thread")
+    assert (other["mig"]["mode_current"], other["mig"]["mode_pending"]) == ("disabled", None)
+    assert other["unavailable"]["mig.mode_pending"] == (
+        "nvidia-smi: mig mode_pending 'soon' is not one of Enabled, Disabled"
+    )
+    facts = facts_of("synthetic-2x6338-4xa100", tmp_path, state)
+    entry = by_address(facts)["0000:17:00.0"]
+    assert entry["persistence_mode"] is None and "persistence_mode" not in entry["sources"]
+    assert entry["unavailable"]["persistence_mode"].startswith("nvidia-smi: persistence_mode")
+    path = tmp_path / "odd.json"
+    gpu.write_snapshot(str(path), state)
+    again = gpu.read_snapshot(str(path))
+    assert again.gpus == state.gpus
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -594,6 +648,94 @@ def test_nvidia_smi_runner_outcomes():
         gpu.read_nvidia_smi(failing, required=True)
     garbage = gpu.read_nvidia_smi(lambda: (0, "oops", ""), required=False)
     assert garbage.nvidia_smi["reason"].startswith("output is not XML")
+
+
+def test_nvidia_smi_runs_under_coreutils_timeout_when_there_is_one():
+    smi, killer = "/usr/bin/nvidia-smi", "/usr/bin/timeout"
+    assert gpu.nvidia_smi_argv(smi, killer, 30) == [
+        killer,
+        "--kill-after=5",
+        "30",
+        smi,
+        "-q",
+        "-x",
+    ]
+    assert gpu.nvidia_smi_argv(smi, None, 30) == [smi, "-q", "-x"]  # no timeout: no limit
+    assert gpu.nvidia_smi_argv(None, killer, 30) is None  # no nvidia-smi: nothing to run
+    for bad in (0, -5):
+        with pytest.raises(CommandOutputError) as err:
+            gpu.nvidia_smi_argv(smi, killer, bad)
+        assert str(err.value) == (
+            f"nvidia-smi -q -x: nvidia_smi_timeout is {bad}; set it to a whole number of "
+            "seconds, 1 or more"
+        )
+
+
+@pytest.mark.parametrize("rc", [124, 137])
+def test_nvidia_smi_that_timed_out_says_so(rc):
+    def runner():
+        return rc, "", ""
+
+    state = gpu.read_gpu_state(None, "no pynvml", runner, nvidia_smi_timeout=30)
+    assert state.nvidia_smi == {
+        "used": False,
+        "reason": "timed out after 30 s",
+        "driver_version": None,
+    }
+    assert state.nvml["reason"] == "no pynvml"
+    with pytest.raises(CommandOutputError) as err:
+        gpu.read_gpu_state(None, None, runner, "always", nvidia_smi_timeout=30)
+    assert str(err.value) == (
+        "nvidia-smi -q -x: timed out after 30 s; raise nvidia_smi_timeout if the driver is only "
+        "slow, or find out why nvidia-smi hangs"
+    )
+    # Without coreutils timeout, a status of 124 is nvidia-smi's own.
+    plain = gpu.read_nvidia_smi(runner, required=False)
+    assert plain.nvidia_smi["reason"] == f"exited with status {rc}"
+
+
+def test_huge_nvidia_smi_output_is_refused_before_parsing():
+    huge = "<nvidia_smi_log>" + " " * (64 << 20)
+    state = gpu.read_nvidia_smi(lambda: (0, huge, ""), required=False)
+    assert state.nvidia_smi["reason"] == (
+        "printed more than 64 MiB, which is no nvidia-smi -q -x report"
+    )
+
+
+def test_messages_quote_at_most_80_characters_of_a_file_or_an_output():
+    long = "E" * 100_000
+    failed = gpu.read_nvidia_smi(lambda: (3, "", long + "\nsecond line\n"), required=False)
+    assert failed.nvidia_smi["reason"] == f"exited with status 3: {'E' * 80}..."
+    xml = (
+        f'<nvidia_smi_log><gpu id="{long}"/><gpu id="00000000:17:00.0">'
+        f"<persistence_mode>{long}</persistence_mode>"
+        f"<fb_memory_usage><total>{long}</total></fb_memory_usage>"
+        f"<compute_mode>[{long}]</compute_mode></gpu></nvidia_smi_log>"
+    )
+    state = gpu.parse_nvidia_smi_xml(xml)
+    quoted = f"'{'E' * 80}...'"
+    assert state.warnings[0]["reason"] == f"{quoted} is not a PCI bus id like 00000000:DB:00.0"
+    miss = state.gpus["0000:17:00.0"]["unavailable"]
+    assert miss["persistence_mode"] == (
+        f"nvidia-smi: persistence_mode {quoted} is not one of Enabled, Disabled"
+    )
+    assert miss["memory_total_mib"] == f"nvidia-smi printed {quoted}, not a size in MiB"
+    assert miss["compute_mode"] == f"nvidia-smi reports [{'E' * 79}... for <compute_mode>"
+    doc = good_doc()
+    doc["gpus"][0]["mig"]["mode_current"] = long
+    with pytest.raises(SnapshotError) as err:
+        gpu.parse_snapshot(json.dumps(doc), "/srv/host.json")
+    assert f"gpus[0].mig.mode_current is {quoted}; expected one of" in str(err.value)
+    assert len(str(err.value)) < 300
+    for change, where in (
+        (_set(["gpus", 0, long], 1), "gpus[0] has unknown key(s)"),
+        (_set(["gpus", 0, "address"], long), "gpus[0].address: "),
+        (_set(["version"], [long]), "has version "),
+        (_set(["gpus", 0, "unavailable", long], 3), "gpus[0].unavailable.EEE"),
+    ):
+        with pytest.raises(SnapshotError) as err:
+            gpu.parse_snapshot(json.dumps(change(good_doc())), "/srv/host.json")
+        assert where in str(err.value) and len(str(err.value)) < 300, str(err.value)[:300]
 
 
 def test_gpu_state_modes():
@@ -722,9 +864,64 @@ def test_snapshot_files_that_cannot_be_read_or_written(tmp_path):
     with pytest.raises(SnapshotError, match="is not UTF-8 text"):
         gpu.read_snapshot(str(binary))
     target = tmp_path / "no-such-dir" / "out.json"
-    with pytest.raises(SnapshotError, match="cannot be written \\(No such file or directory\\)"):
+    with pytest.raises(SnapshotError) as err:
         gpu.write_snapshot(str(target), make_snapshots.state("synthetic-gh200"))
+    assert str(err.value) == (
+        f"GPU snapshot {target}: cannot be written (No such file or directory). Make sure the "
+        f"directory of snapshot_out ({target.parent}) exists and is writable on the host, and "
+        "that snapshot_out is not itself a directory."
+    )
+    assert "Record a new one" not in str(err.value)
     assert not target.parent.exists()
+
+
+def unblock_fifo_later(path, seconds=3.0):
+    """Open ``path`` for writing after ``seconds`` if a reader waits on it, so no test hangs."""
+
+    def release():
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:  # ENXIO: nobody opened it for reading, as it should be
+            pass
+
+    timer = threading.Timer(seconds, release)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+@pytest.mark.parametrize("kind", ["FIFO", "directory", "character device"])
+def test_snapshot_that_is_not_a_regular_file_is_refused_unopened(tmp_path, kind):
+    if kind == "FIFO":
+        path = tmp_path / "snapshot.json"
+        os.mkfifo(path)
+        unblock_fifo_later(str(path))
+    elif kind == "directory":
+        path = tmp_path
+    else:
+        path = Path(os.devnull)
+    with pytest.raises(SnapshotError) as err:
+        gpu.read_snapshot(str(path))
+    assert str(err.value) == (
+        f"GPU snapshot {path}: is not a regular file (it is a {kind}). Point snapshot at a JSON "
+        "file written by numafleet.tuning.gpu_topology_facts snapshot_out=PATH."
+    )
+    assert err.value.path == str(path)
+
+
+def test_snapshot_error_says_how_to_fix_it():
+    default = SnapshotError("/x.json", "is broken")
+    assert str(default) == (
+        "GPU snapshot /x.json: is broken. Record a new one with "
+        "numafleet.tuning.gpu_topology_facts snapshot_out=PATH on the host."
+    )
+    custom = SnapshotError("/x.json", "cannot be written (Read-only file system)", fix="Fix it.")
+    assert str(custom) == "GPU snapshot /x.json: cannot be written (Read-only file system). Fix it."
+    assert (custom.path, custom.reason, custom.fix) == (
+        "/x.json",
+        "cannot be written (Read-only file system)",
+        "Fix it.",
+    )
 
 
 def test_snapshot_replaces_nvml_entirely(tmp_path):

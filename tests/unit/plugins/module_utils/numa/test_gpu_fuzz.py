@@ -1,4 +1,7 @@
-"""Garbage in: snapshot and nvidia-smi parsers raise only their NumaTuneError, never a traceback."""
+"""Garbage in: snapshot and nvidia-smi parsers raise only their NumaTuneError, never a traceback.
+
+Whatever the nvidia-smi parser accepts must also survive a snapshot round trip.
+"""
 
 from __future__ import annotations
 
@@ -124,6 +127,9 @@ def _parse_xml(text):
     for address, record in state.gpus.items():
         assert gpu.normalise_bus_id(address) == address
         assert set(record) == {*gpu.ENRICHED_FIELDS, "unavailable"}
+    # Whatever nvidia-smi printed, snapshot_out must write a snapshot that reads back.
+    again = gpu.parse_snapshot(json.dumps(gpu.as_snapshot(state)), "fuzz.json")
+    assert again.gpus == state.gpus
 
 
 @FUZZ
@@ -136,6 +142,23 @@ def test_any_text_is_nvidia_smi_xml_or_a_command_output_error(text):
 @given(st.lists(elements(), max_size=3))
 def test_nvidia_smi_shaped_xml_never_crashes_the_parser(children):
     _parse_xml(f"<nvidia_smi_log>{''.join(children)}</nvidia_smi_log>")
+
+
+MODE_TEXTS = TEXTS | st.sampled_from(["Default", "Exclusive_Process", "maybe", "ENABLED"])
+
+
+@FUZZ
+@given(MODE_TEXTS, MODE_TEXTS, MODE_TEXTS, MODE_TEXTS)
+def test_any_mode_nvidia_smi_prints_survives_a_snapshot(persistence, compute, current, pending):
+    values = [escape(value) for value in (persistence, compute, current, pending)]
+    _parse_xml(
+        '<nvidia_smi_log><gpu id="00000000:17:00.0">'
+        f"<persistence_mode>{values[0]}</persistence_mode>"
+        f"<compute_mode>{values[1]}</compute_mode>"
+        f"<mig_mode><current_mig>{values[2]}</current_mig>"
+        f"<pending_mig>{values[3]}</pending_mig></mig_mode>"
+        "</gpu></nvidia_smi_log>"
+    )
 
 
 @FUZZ

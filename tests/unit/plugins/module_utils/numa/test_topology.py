@@ -226,3 +226,52 @@ def test_32bit_pci_domain(tmp_path):
     (nvme,) = read_numa_facts(reader)["pci_devices"]
     assert nvme["address"] == "10000:e1:00.0" and nvme["domain"] == 0x10000
     assert nvme["numa_node"] is None and nvme["node"] == 0  # one node holds every CPU
+
+
+def test_a_fifo_is_a_warning_not_a_hang(tmp_path):
+    reader = make_host(tmp_path, {0: ("0-3", 1000)})
+    online = tmp_path / "sys/devices/system/cpu/online"
+    online.unlink()
+    os.mkfifo(online)  # opening a FIFO for reading would block forever
+    facts = read_numa_facts(reader)
+    assert {"path": str(online), "reason": "not a regular file"} in facts["warnings"]
+
+
+@pytest.mark.parametrize(
+    ("broken", "kind"),
+    [
+        ("sys/devices/system/node/node0/meminfo", "unknown"),  # memory unknown
+        ("sys/devices/system/node/node0/cpulist", "unknown"),  # CPUs unknown (no cpumap either)
+    ],
+)
+def test_an_unreadable_node_has_an_unknown_kind_never_a_guess(tmp_path, broken, kind):
+    reader = make_host(tmp_path, {0: ("0-3", 1000), 1: ("", 500)})
+    (tmp_path / broken).unlink()
+    facts = read_numa_facts(reader)
+    assert node(facts, 0)["kind"] == kind
+    assert node(facts, 1)["kind"] == "memory-only"
+
+
+def test_node_dir_that_is_a_file_means_no_numa(tmp_path):
+    write(tmp_path, "sys/devices/system/node", "not a directory\n")
+    write(tmp_path, "sys/devices/system/cpu/online", "0-1\n")
+    write(tmp_path, "proc/meminfo", "MemTotal: 2048 kB\nMemFree: 1024 kB\n")
+    facts = read_numa_facts(Reader(str(tmp_path / "sys"), str(tmp_path / "proc")))
+    assert facts["numa_enabled"] is False and [n["id"] for n in facts["nodes"]] == [0]
+
+
+def test_long_garbage_is_quoted_short_in_the_warning(tmp_path):
+    reader = make_host(
+        tmp_path, {0: ("0-3", 1000)}, extra={"sys/devices/system/node/node0/distance": "x" * 5000}
+    )
+    (warning,) = read_numa_facts(reader)["warnings"]
+    assert len(warning["reason"]) <= 200 and warning["reason"].endswith("...")
+
+
+def test_roots_are_normalised(tmp_path):
+    make_host(tmp_path, {0: ("0-3", 1000)})
+    (tmp_path / "x").mkdir()
+    reader = Reader(f"{tmp_path}/x/../sys/", f"{tmp_path}/x/../proc")
+    facts = read_numa_facts(reader)
+    assert facts["sysfs_root"] == str(tmp_path / "sys")
+    assert facts["procfs_root"] == str(tmp_path / "proc")
