@@ -35,20 +35,6 @@ description:
     O(procfs_root) is not a directory; files that cannot be used become entries in
     RV(ansible_facts.gpu_topology.warnings).
 options:
-  sysfs_root:
-    description:
-      - Where the host's sysfs is mounted.
-      - Set it when running in a container that mounts the host's C(/sys) elsewhere, or to read a
-        recorded tree (see C(playbooks/capture_topology.yml)).
-    type: path
-    default: /sys
-  procfs_root:
-    description:
-      - Where the host's procfs is mounted, as for O(sysfs_root).
-      - Accepted for symmetry with M(numafleet.tuning.numa_facts); this version reads nothing
-        under it.
-    type: path
-    default: /proc
   snapshot:
     description:
       - A GPU snapshot file written by O(snapshot_out), read instead of NVML and C(nvidia-smi).
@@ -86,6 +72,7 @@ options:
     type: int
     default: 30
 extends_documentation_fragment:
+  - numafleet.tuning.roots
   - numafleet.tuning._attributes
   - numafleet.tuning._attributes.facts_module
 attributes:
@@ -103,6 +90,8 @@ requirements:
   - C(nvidia-smi) on the target for the fallback; optional.
   - coreutils C(timeout) on the target to enforce O(nvidia_smi_timeout); optional.
 notes:
+  - O(procfs_root) is accepted for symmetry with M(numafleet.tuning.numa_facts); this version reads
+    nothing under it.
   - The module always returns C(changed=false), also when it writes O(snapshot_out), which is a
     recording, not a change to the host.
   - Whether NVML lists GPU-instance profiles while MIG is disabled depends on the driver; when it

@@ -26,20 +26,9 @@ description:
     its path and the reason. Files that older kernels lack are read when present.
   - Fails, naming the option, when O(sysfs_root) has no C(devices/system/cpu) directory or
     O(procfs_root) is not a directory, so a mistyped root is never read as an empty machine.
-options:
-  sysfs_root:
-    description:
-      - Where the host's sysfs is mounted.
-      - Set it when running in a container that mounts the host's C(/sys) elsewhere, or to read a
-        recorded tree (see C(playbooks/capture_topology.yml)).
-    type: path
-    default: /sys
-  procfs_root:
-    description:
-      - Where the host's procfs is mounted, as for O(sysfs_root).
-    type: path
-    default: /proc
+options: {}
 extends_documentation_fragment:
+  - numafleet.tuning.roots
   - numafleet.tuning._attributes
   - numafleet.tuning._attributes.facts_module
 attributes:

@@ -35,17 +35,8 @@ options:
         O(numafleet.tuning.gpu_topology_facts#module:snapshot_out). It is stored as
         C(<name>/gpu-snapshot.json).
     type: path
-  sysfs_root:
-    description:
-      - Where the host's sysfs is mounted.
-    type: path
-    default: /sys
-  procfs_root:
-    description:
-      - Where the host's procfs is mounted.
-    type: path
-    default: /proc
 extends_documentation_fragment:
+  - numafleet.tuning.roots
   - numafleet.tuning._attributes
 attributes:
   check_mode:
