@@ -49,9 +49,9 @@ def plan_capture(reader: Reader) -> list:
                 entries[name] = ("link", name, os.readlink(candidate))
                 candidate = os.path.realpath(candidate)
             current = candidate
-        if current is None or _archive_name(current, real_roots) is None:
+        name = None if current is None else _archive_name(current, real_roots)
+        if name is None:
             continue
-        name = _archive_name(current, real_roots)
         kind = "file" if os.path.isfile(current) else "dir"
         entries.setdefault(name, (kind, name, current))
     return sorted(entries.values(), key=lambda entry: entry[1])

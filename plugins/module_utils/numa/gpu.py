@@ -61,7 +61,6 @@ _VENDORS = {pci.VENDOR_NVIDIA: "nvidia", pci.VENDOR_AMD: "amd"}
 _MIB = 1 << 20
 _GIB = 1 << 30
 _SNAPSHOT_LIMIT = 64 << 20
-_BUS_ID_RE = re.compile(r"^([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
 _CARD_RE = re.compile(r"^card[0-9]+$")
 # NVML_GPU_INSTANCE_PROFILE_<n>_SLICE[_<variant>]: the variant decides the name suffix, as in
 # nvidia-smi and NVIDIA's go-nvlib (REV1 = with media extensions, REV2 = double memory).
@@ -166,11 +165,11 @@ def normalise_bus_id(bus_id) -> str:
     if isinstance(bus_id, bytes):
         bus_id = bus_id.decode("ascii", "replace")
     text = str(bus_id).replace("\0", "").strip()
-    match = _BUS_ID_RE.match(text)
-    if not match:
-        raise ValueError(f"{_quote(text)} is not a PCI bus id like 00000000:DB:00.0")
-    domain, bus, device, function = match.groups()
-    return f"{int(domain, 16):04x}:{bus.lower()}:{device.lower()}.{function}"
+    try:
+        domain, bus, device, function = pci.parse_address(text)
+    except ValueError:
+        raise ValueError(f"{_quote(text)} is not a PCI bus id like 00000000:DB:00.0") from None
+    return f"{domain:04x}:{bus:02x}:{device:02x}.{function}"
 
 
 def mig_memory_gb(memory_mib: int, total_bytes: Optional[int]) -> Optional[int]:

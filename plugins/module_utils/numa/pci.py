@@ -94,11 +94,9 @@ def _upstream(reader: Reader, link: str, address: str) -> tuple:
     return host_bridge, tuple(chain), os.path.dirname(real)
 
 
-def _bridge_class(reader: Reader, real_parent: str, depth: int) -> Optional[str]:
-    path = real_parent
-    for dummy in range(depth):
-        path = os.path.dirname(path)
-    text = reader.text(os.path.join(path, "class"), optional=True)
+def _class_above(reader: Reader, real_parent: str) -> Optional[str]:
+    """Short class code (``0x0604``) of the device directory above ``real_parent``, or None."""
+    text = reader.text(os.path.join(os.path.dirname(real_parent), "class"), optional=True)
     return text[:6].lower() if text else None
 
 
@@ -118,7 +116,7 @@ def _read_device(reader: Reader, address: str, node_cpus: dict) -> PciDevice:
     # The switch above a device is the upstream port whose downstream port leads to it:
     # chain = [root port, switch upstream, switch downstream, ...]. Only bridges count.
     switch = None
-    if len(chain) >= 3 and _bridge_class(reader, real_parent, 1) == _BRIDGE_CLASS:
+    if len(chain) >= 3 and _class_above(reader, real_parent) == _BRIDGE_CLASS:
         switch = chain[-2]
     domain, bus = parse_address(address)[:2]
     return PciDevice(

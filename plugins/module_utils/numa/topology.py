@@ -307,9 +307,8 @@ def _kernel_knobs(reader: Reader) -> dict:
     }
 
 
-def _fallback_node(reader: Reader, online: list) -> NumaNode:
+def _fallback_node(reader: Reader, online: list, meminfo: dict) -> NumaNode:
     """Node 0 of a kernel without NUMA sysfs, from /proc/meminfo and the online CPUs."""
-    meminfo = reader.parsed(reader.proc("meminfo"), parse_meminfo) or {}
     memory_kb = meminfo.get("MemTotal")
     return NumaNode(
         id=0,
@@ -329,6 +328,9 @@ def read_topology(reader: Reader) -> Topology:
     numa_enabled = reader.isdir(node_dir)
     cpu_ids = _listed_ids(reader, reader.sys(*CPU_DIR), _CPU_RE)
     sets = _cpu_sets(reader, cpu_ids)
+    # With NUMA sysfs, /proc/meminfo only gives the default page size (dumps of old kernels may
+    # lack it); without, it is node 0's memory and must be there.
+    meminfo = reader.parsed(reader.proc("meminfo"), parse_meminfo, optional=numa_enabled) or {}
     if numa_enabled:
         listed = _listed_ids(reader, node_dir, _NODE_RE)
         online_nodes = reader.cpulist(f"{node_dir}/online", optional=True)
@@ -338,14 +340,12 @@ def read_topology(reader: Reader) -> Topology:
         offline_dirs = tuple(_read_node(reader, node_id) for node_id in offline_nodes)
     else:
         node_ids = [0]
-        nodes = (_fallback_node(reader, sets["online"]),)
+        nodes = (_fallback_node(reader, sets["online"], meminfo),)
         offline_nodes, offline_dirs = [], ()
     node_of = {cpu: node.id for node in nodes for cpu in node.cpus}
     online = set(sets["online"])
     all_cpus = sorted(set(cpu_ids) | set(sets["possible"] if not cpu_ids else []))
     per_cpu = tuple(_read_cpu(reader, cpu, cpu in online, node_of) for cpu in all_cpus)
-    # /proc/meminfo only gives the default page size here; dumps of old kernels may lack it.
-    meminfo = reader.parsed(reader.proc("meminfo"), parse_meminfo, optional=numa_enabled) or {}
     size = meminfo.get("Hugepagesize")
     return Topology(
         numa_enabled=numa_enabled,
