@@ -1,7 +1,7 @@
 # numafleet.tuning: developer and CI entry points.
 #
 #   make setup demo   create .venv (pinned toolchain) and run the demo job
-#   make test         the CI gate: lint, sanity, units, integration; fails on any finding
+#   make test         the CI gate: lint, sanity, units, integration, system; fails on any finding
 #
 # Every target runs from the repository root. Tools come from .venv only.
 
@@ -26,13 +26,13 @@ export PATH := $(BIN):$(PATH)
 export ANSIBLE_NOCOLOR := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: bench help setup demo test lint ruff yamllint ansible-lint sanity units integration changelog-lint changelog format clean
+.PHONY: bench help setup demo test lint ruff yamllint ansible-lint sanity units integration system changelog-lint changelog format clean
 
 help:
 	@echo "make setup          create .venv from requirements-dev.txt and the .collections symlink"
-	@echo "make demo           materialise .demo/ and run playbooks/facts.yml on the demo fleet"
-	@echo "make test           lint + sanity + units + integration (the CI gate)"
-	@echo "make lint|sanity|units|changelog-lint   one layer at a time"
+	@echo "make demo           materialise .demo/ and run site.yml on the demo fleet (render mode)"
+	@echo "make test           lint + sanity + units + integration + system (the CI gate)"
+	@echo "make lint|sanity|units|system|changelog-lint   one layer at a time"
 	@echo "make bench          run benchmarks/facts.py, results in benchmarks/results/"
 	@echo "make integration    ansible-test integration on a copy of the tree"
 	@echo "make format         ruff format + safe ruff fixes on plugins/ tests/ benchmarks/ .ci/"
@@ -69,11 +69,12 @@ $(COLLECTION_LINK): FORCE
 .PHONY: FORCE
 FORCE:
 
+# Fresh scratch trees every time (.demo/<host>/{sys,proc,root}), so the first run renders everything.
 demo: setup
 	$(BIN)/python tests/unit/fixtures/trees.py --demo .demo
-	$(BIN)/ansible-playbook -i inventories/demo playbooks/facts.yml
+	$(BIN)/ansible-playbook -i inventories/demo site.yml
 
-test: lint sanity units integration
+test: lint sanity units integration system
 
 lint: ruff yamllint ansible-lint
 
@@ -106,6 +107,10 @@ format: setup
 
 units: setup
 	$(BIN)/pytest tests/unit -q
+
+# Real site.yml runs on scratch copies of the demo fleet and tests/bad_inputs/ (about 2-3 minutes).
+system: setup
+	$(BIN)/pytest tests/system -q -p no:cacheprovider
 
 changelog-lint: setup
 	$(BIN)/antsibull-changelog lint

@@ -49,3 +49,33 @@ class CommandOutputError(NumaTuneError):
         self.command = command
         self.reason = reason
         super().__init__(f"{command}: {reason}")
+
+
+class PlanError(NumaTuneError):
+    """The placements of a host cannot be planned; str(exc) names the host, the variable and the fix."""
+
+    def __init__(self, host: str, message: str) -> None:
+        self.host = host
+        self.detail = message
+        super().__init__(f"host {host}: {message}")
+
+
+class PlacementError(PlanError):
+    """A host variable (numafleet_placements, numafleet_tenants, ...) is not valid."""
+
+
+class UnitRenderError(NumaTuneError):
+    """A plan value cannot be written into a systemd unit (control character, bad unit name...)."""
+
+
+class UnitFileError(NumaTuneError):
+    """A unit file, drop-in or the manifest could not be read, written or removed, or is malformed.
+
+    ``fix`` is the sentence that tells the user what to do.
+    """
+
+    def __init__(self, path: str, reason: str, fix: str) -> None:
+        self.path = path
+        self.reason = reason
+        self.fix = fix
+        super().__init__(f"{path}: {reason}. {fix}")

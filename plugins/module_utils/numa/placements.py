@@ -1,0 +1,579 @@
+# Private to this collection: may change in any release.
+"""Host variables of the planner (placements, tenants, policy) parsed into frozen dataclasses.
+
+Only the shape of the variables is checked here; what needs the host's facts (GPUs, nodes,
+hugepage sizes, CPUs) is checked by the planner with the same kind of messages.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Optional, Union
+
+from .cpulist import parse_cpulist
+from .errors import CpulistError, PlacementError
+
+PLACEMENT_KEYS = (
+    "name",
+    "tenant",
+    "exec",
+    "unit",
+    "user",
+    "group",
+    "description",
+    "gpus",
+    "cpus",
+    "node",
+    "memory",
+    "hugepages",
+    "environment",
+    "mig_profile",
+    "mps",
+    "allow_span",
+    "hardening",
+)
+TENANT_KEYS = ("name", "memory_max", "description")
+HUGEPAGE_KEYS = ("size", "count")
+MPS_KEYS = ("active_thread_percentage", "pinned_memory_limit")
+# Set by the planner from the GPUs it picks: a user value would point at other devices.
+RESERVED_ENV = ("CUDA_VISIBLE_DEVICES",)
+
+DEFAULT_HEADROOM_PCT = 15
+_KEY_SETS = {keys: frozenset(keys) for keys in (PLACEMENT_KEYS, TENANT_KEYS, HUGEPAGE_KEYS)}
+PLACEMENTS_VAR = "numafleet_placements"
+TENANTS_VAR = "numafleet_tenants"
+RESERVED_VAR = "numafleet_reserved_cpus"
+HEADROOM_VAR = "numafleet_memory_headroom_pct"
+
+_PLACEMENT_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+_TENANT_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+_USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}\$?$")
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_UNIT = re.compile(r"^[A-Za-z0-9:_.@\\-]{1,249}\.service$")
+_PROGRAM = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$")
+_SIZE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)\s*(?:([kmgt])(i?))?(b?)$", re.IGNORECASE)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_QUOTING = re.compile(r"['\"\\]")
+_MULTIPLIER = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_GPU_ADDRESS = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+
+
+@dataclass(frozen=True)
+class Hugepages:
+    size_kb: int
+    count: int
+
+
+@dataclass(frozen=True)
+class Mps:
+    active_thread_percentage: Optional[int]
+    pinned_memory_limit_kb: Optional[int]
+
+
+@dataclass(frozen=True)
+class Placement:
+    index: int
+    name: str
+    tenant: Optional[str]
+    exec: Optional[str]
+    argv: tuple
+    unit: Optional[str]
+    user: Optional[str]
+    group: Optional[str]
+    description: str
+    gpu_count: int
+    gpu_ids: Optional[tuple]  # explicit PCI addresses (lower case) / UUIDs, in the given order
+    cpu_count: int
+    cpu_list: Optional[tuple]  # explicit CPUs, sorted
+    node: Optional[int]
+    memory_kb: int
+    hugepages: Optional[Hugepages]
+    environment: tuple  # sorted (key, value) pairs
+    mig_profile: Optional[str]
+    mps: Optional[Mps]
+    allow_span: bool
+    hardening: Optional[bool]
+
+    @property
+    def where(self) -> str:
+        """The variable path of this placement, as error messages name it."""
+        return f"{PLACEMENTS_VAR}[{self.index}] ({self.name})"
+
+
+@dataclass(frozen=True)
+class Tenant:
+    index: int
+    name: str
+    memory_max_kb: Optional[int]
+    description: str
+
+
+@dataclass(frozen=True)
+class Policy:
+    reserved_cpus: tuple
+    memory_headroom_pct: int
+
+
+def _frozen(cls, **fields):
+    """An instance of frozen dataclass cls holding fields (all of them, no defaults).
+
+    The generated __init__ of a frozen dataclass sets every field through
+    object.__setattr__, which costs a third of the time of parsing a placement; the object
+    made here is the same (equal, hashable, still frozen).
+    """
+    instance = object.__new__(cls)
+    instance.__dict__.update(fields)
+    return instance
+
+
+def _fail(host: str, message: str) -> PlacementError:
+    return PlacementError(host, message)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def parse_size_kb(value) -> Optional[int]:
+    """kB (KiB, rounded up) of a size: int bytes or '<number>[KMGT][i][B]'; None if not a size."""
+    if value.__class__ is str:
+        match = _SIZE.match(value.strip())
+    elif _is_int(value):
+        return -(-value // 1024) if value >= 0 else None
+    else:
+        return None
+    if not match:
+        return None
+    number, prefix, binary, dummy = match.groups()
+    if binary and not prefix:
+        return None
+    multiplier = _MULTIPLIER[(prefix or "").lower()]
+    if "." not in number:
+        return -(-int(number) * multiplier // 1024)
+    amount = Fraction(number) * multiplier
+    return -(-amount.numerator // (amount.denominator * 1024))
+
+
+def format_kb(kb: int) -> str:
+    """Short human text of a kB amount ('190.1 GiB', '512 MiB', '4 KiB')."""
+    for unit, scale in (("TiB", 1 << 30), ("GiB", 1 << 20), ("MiB", 1 << 10)):
+        if kb >= scale:
+            text = f"{kb / scale:.1f}".rstrip("0").rstrip(".")
+            return f"{text} {unit}"
+    return f"{kb} KiB"
+
+
+def _check_text(host: str, where: str, key: str, value) -> str:
+    if value.__class__ is str and (value.isprintable() or not _CONTROL.search(value)):
+        return value
+    if not isinstance(value, str):
+        raise _fail(host, f"{where}.{key}: {value!r} is not a string; quote it in YAML")
+    if _CONTROL.search(value):
+        raise _fail(
+            host,
+            f"{where}.{key} contains a control character or newline ({value[:60]!r}); "
+            "write it on one line without control characters",
+        )
+    return value
+
+
+def _check_keys(host: str, where: str, entry: dict, allowed: tuple) -> None:
+    if _KEY_SETS[allowed].issuperset(entry):
+        return
+    unknown = sorted(str(key) for key in entry if key not in allowed)
+    if unknown:
+        raise _fail(
+            host,
+            f"{where}: unknown key {', '.join(repr(k) for k in unknown)}; "
+            f"allowed keys: {', '.join(allowed)}",
+        )
+
+
+def _size(host: str, where: str, key: str, value) -> int:
+    kb = parse_size_kb(value)
+    if kb is None:
+        raise _fail(host, f"{where}.{key}: {value!r} is not a size; write e.g. 64G or 512M")
+    return kb
+
+
+def _split_exec(host: str, where: str, text: str) -> tuple:
+    _check_text(host, where, "exec", text)
+    if text.isascii() and not _QUOTING.search(text):
+        argv = text.split()  # what shlex gives for text without quotes or escapes
+    else:
+        argv = None
+    try:
+        argv = argv if argv is not None else shlex.split(text, posix=True)
+    except ValueError as exc:
+        raise _fail(
+            host,
+            f"{where}.exec: cannot split {text[:80]!r} into words ({exc}); "
+            "close the quotes or escape the quote character with a backslash",
+        ) from None
+    if not argv:
+        raise _fail(host, f"{where}.exec is empty; write the command to run, e.g. /usr/bin/serve")
+    if ";" in argv:
+        raise _fail(
+            host,
+            f"{where}.exec has a bare ';' word, which systemd treats as a command separator; "
+            "use a wrapper script to run several commands",
+        )
+    first = argv[0]
+    if not (first.startswith("/") or _PROGRAM.match(first)):
+        raise _fail(
+            host,
+            f"{where}.exec: the first word {first!r} is neither an absolute path nor a plain "
+            "program name; write e.g. /opt/app/bin/serve or python3",
+        )
+    return tuple(argv)
+
+
+def _gpus(host: str, where: str, value) -> tuple:
+    if value is None:
+        return 0, None
+    if _is_int(value):
+        if value < 0:
+            raise _fail(host, f"{where}.gpus: {value} is negative; write a count >= 0 or a list")
+        return value, None
+    if not isinstance(value, list):
+        raise _fail(
+            host,
+            f"{where}.gpus: {value!r} is neither a count nor a list; write e.g. 2 or "
+            "['0000:17:00.0']",
+        )
+    ids = []
+    for item in value:
+        if not isinstance(item, str) or not item.strip():
+            raise _fail(
+                host,
+                f"{where}.gpus: {item!r} is not a GPU; list PCI addresses (0000:17:00.0) or "
+                "UUIDs (GPU-...)",
+            )
+        ident = item.strip()
+        ident = ident.lower() if _GPU_ADDRESS.match(ident.lower()) else ident
+        if ident in ids:
+            raise _fail(host, f"{where}.gpus lists {ident} twice; list each GPU once")
+        ids.append(ident)
+    return len(ids), tuple(ids)
+
+
+def _cpus(host: str, where: str, value) -> tuple:
+    if value is None:
+        raise _fail(host, f"{where}: cpus is required; write a count (cpus: 8) or a cpulist")
+    if _is_int(value):
+        if value < 1:
+            raise _fail(host, f"{where}.cpus: {value} is below 1; ask for at least one CPU")
+        return value, None
+    if not isinstance(value, str):
+        raise _fail(host, f"{where}.cpus: {value!r} is neither a count nor a cpulist string")
+    try:
+        cpus = parse_cpulist(value)
+    except CpulistError as exc:
+        raise _fail(
+            host, f"{where}.cpus: {exc}; write a count (8) or a cpulist such as '4-11,68-75'"
+        ) from None
+    if not cpus:
+        raise _fail(host, f"{where}.cpus: {value!r} names no CPU; write a count or a cpulist")
+    return len(cpus), tuple(cpus)
+
+
+def _hugepages(host: str, where: str, value) -> Optional[Hugepages]:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _fail(host, f"{where}.hugepages: write a mapping like {{size: 2M, count: 512}}")
+    _check_keys(host, f"{where}.hugepages", value, HUGEPAGE_KEYS)
+    size_kb = parse_size_kb(value.get("size"))
+    if size_kb is None or size_kb < 4 or size_kb & (size_kb - 1):
+        raise _fail(
+            host,
+            f"{where}.hugepages.size: {value.get('size')!r} is not a hugepage size; "
+            "write 2M or 1G (a power of two the kernel offers)",
+        )
+    count = value.get("count")
+    if not _is_int(count) or count < 1:
+        raise _fail(
+            host, f"{where}.hugepages.count: {count!r} is not a count >= 1; write e.g. count: 512"
+        )
+    return Hugepages(size_kb, count)
+
+
+def _environment(host: str, where: str, value) -> tuple:
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise _fail(host, f"{where}.environment: write a mapping of NAME: value")
+    pairs = []
+    for key, item in value.items():
+        if not isinstance(key, str) or not _ENV_KEY.match(key):
+            raise _fail(
+                host,
+                f"{where}.environment: {key!r} is not a variable name; use letters, digits "
+                "and _ and do not start with a digit",
+            )
+        if key in RESERVED_ENV:
+            raise _fail(
+                host,
+                f"{where}.environment sets {key}, which the planner sets from the GPUs it "
+                "picks; remove it and choose GPUs with gpus:",
+            )
+        if _is_int(item) or isinstance(item, float):
+            item = str(item)
+        pairs.append((key, _check_text(host, where, f"environment.{key}", item)))
+    return tuple(sorted(pairs))
+
+
+def _mps(host: str, where: str, value) -> Optional[Mps]:
+    if value is None:
+        return None
+    if value is True:
+        return Mps(None, None)
+    if not isinstance(value, dict):
+        raise _fail(
+            host,
+            f"{where}.mps: write a mapping like {{active_thread_percentage: 40, "
+            "pinned_memory_limit: 8G}} (both optional)",
+        )
+    unknown = sorted(str(key) for key in value if key not in MPS_KEYS)
+    if unknown:
+        raise _fail(
+            host,
+            f"{where}.mps: unknown MPS key {', '.join(repr(k) for k in unknown)}; "
+            f"allowed: {', '.join(MPS_KEYS)}",
+        )
+    pct = value.get("active_thread_percentage")
+    if pct is not None and (not _is_int(pct) or not 1 <= pct <= 100):
+        raise _fail(
+            host,
+            f"{where}.mps.active_thread_percentage: {pct!r} is not a percentage 1..100; "
+            "write e.g. 40",
+        )
+    limit = value.get("pinned_memory_limit")
+    limit_kb = None if limit is None else _size(host, where, "mps.pinned_memory_limit", limit)
+    return Mps(pct, limit_kb)
+
+
+def _bool(host: str, where: str, key: str, value, default):
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise _fail(host, f"{where}.{key}: {value!r} is not a boolean; write true or false")
+    return value
+
+
+def _identity(host: str, where: str, entry: dict) -> tuple:
+    exec_text, unit = entry.get("exec"), entry.get("unit")
+    if (exec_text is None) == (unit is None):
+        raise _fail(
+            host,
+            f"{where} needs exactly one of exec (a new service) or unit (an existing service "
+            f"to pin with a drop-in); it has {'both' if exec_text is not None else 'neither'}",
+        )
+    user, group = entry.get("user"), entry.get("group")
+    if unit is not None:
+        for key, value in (("user", user), ("group", group)):
+            if value is not None:
+                raise _fail(
+                    host,
+                    f"{where}: {key} only applies to exec placements (user/group with unit:); "
+                    f"set {key.capitalize()}= in {unit} itself or remove {key}",
+                )
+        if not isinstance(unit, str) or not _UNIT.match(unit):
+            raise _fail(
+                host, f"{where}.unit: {unit!r} is not a service unit name; write e.g. vllm.service"
+            )
+        return None, (), unit, None, None
+    argv = _split_exec(host, where, exec_text)
+    for key, value in (("user", user), ("group", group)):
+        if value is not None and (not isinstance(value, str) or not _USER.match(value)):
+            raise _fail(host, f"{where}.{key}: {value!r} is not a valid {key} name; write e.g. llm")
+    return exec_text, argv, None, user, group
+
+
+def _placement(host: str, index: int, entry, tenants: set) -> Placement:
+    here = f"{PLACEMENTS_VAR}[{index}]"
+    if not isinstance(entry, dict):
+        raise _fail(host, f"{here}: {entry!r} is not a mapping; write name:, exec: and cpus:")
+    name = entry.get("name")
+    if name is None:
+        raise _fail(host, f"{here}: name is missing; add name: (it names the unit)")
+    if not isinstance(name, str) or not _PLACEMENT_NAME.match(name):
+        raise _fail(
+            host,
+            f"{here}.name: {name!r} is not a valid name; use 1-63 of a-z 0-9 _ . - "
+            "starting with a letter or digit",
+        )
+    where = f"{here} ({name})"
+    _check_keys(host, where, entry, PLACEMENT_KEYS)
+    tenant = entry.get("tenant")
+    if tenant is not None and tenant not in tenants:
+        known = ", ".join(sorted(tenants)) or "none defined"
+        raise _fail(
+            host,
+            f"{where}.tenant: {tenant!r} is not in {TENANTS_VAR} ({known}); "
+            f"add it to {TENANTS_VAR} or fix the name",
+        )
+    exec_text, argv, unit, user, group = _identity(host, where, entry)
+    description = entry.get("description")
+    if description is None:
+        description = f"numafleet placement {name}"
+    _check_text(host, where, "description", description)
+    gpus = entry.get("gpus")
+    gpu_count, gpu_ids = (
+        (gpus, None) if gpus.__class__ is int and gpus >= 0 else _gpus(host, where, gpus)
+    )
+    cpus = entry.get("cpus")
+    cpu_count, cpu_list = (
+        (cpus, None) if cpus.__class__ is int and cpus >= 1 else _cpus(host, where, cpus)
+    )
+    node = entry.get("node")
+    if node is not None and (not _is_int(node) or node < 0):
+        raise _fail(host, f"{where}.node: {node!r} is not a NUMA node id; write e.g. node: 0")
+    memory = entry.get("memory")
+    memory_kb = 0 if memory is None else _size(host, where, "memory", memory)
+    mig_profile = entry.get("mig_profile")
+    if mig_profile is not None:
+        if not isinstance(mig_profile, str) or not mig_profile.strip():
+            raise _fail(host, f"{where}.mig_profile: {mig_profile!r} is not a MIG profile name")
+        if gpu_ids is None and gpu_count:
+            raise _fail(
+                host,
+                f"{where}: mig_profile asks for one MIG instance; drop gpus: {gpu_count} or "
+                "list the one GPU to put the instance on",
+            )
+        if gpu_ids is not None and len(gpu_ids) != 1:
+            raise _fail(
+                host,
+                f"{where}: mig_profile puts one instance on one GPU; list exactly one GPU in gpus",
+            )
+    mps = entry.get("mps")
+    mps = None if mps is None else _mps(host, where, mps)
+    if mps is not None and mig_profile is None and gpu_count != 1:
+        raise _fail(
+            host,
+            f"{where}.mps: an MPS client uses one GPU here (one MPS daemon per device) and this "
+            f"placement asks for {gpu_count}; set gpus: 1, list one GPU, or use mig_profile",
+        )
+    hugepages, environment = entry.get("hugepages"), entry.get("environment")
+    return _frozen(
+        Placement,
+        index=index,
+        name=name,
+        tenant=tenant,
+        exec=exec_text,
+        argv=argv,
+        unit=unit,
+        user=user,
+        group=group,
+        description=description,
+        gpu_count=gpu_count,
+        gpu_ids=gpu_ids,
+        cpu_count=cpu_count,
+        cpu_list=cpu_list,
+        node=node,
+        memory_kb=memory_kb,
+        hugepages=None if hugepages is None else _hugepages(host, where, hugepages),
+        environment=() if environment is None else _environment(host, where, environment),
+        mig_profile=None if mig_profile is None else mig_profile.strip(),
+        mps=mps,
+        allow_span=_bool(host, where, "allow_span", entry.get("allow_span"), False),
+        hardening=_bool(host, where, "hardening", entry.get("hardening"), None),
+    )
+
+
+def parse_tenants(host: str, raw) -> list:
+    """Tenant dataclasses of numafleet_tenants (None = []); raises PlacementError."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise _fail(host, f"{TENANTS_VAR} must be a list of {{name: ..., memory_max: ...}}")
+    tenants: list = []
+    seen: set = set()
+    for index, entry in enumerate(raw):
+        here = f"{TENANTS_VAR}[{index}]"
+        if not isinstance(entry, dict):
+            raise _fail(host, f"{here}: {entry!r} is not a mapping; write {{name: team-a}}")
+        _check_keys(host, here, entry, TENANT_KEYS)
+        name = entry.get("name")
+        if not isinstance(name, str) or not _TENANT_NAME.match(name):
+            raise _fail(
+                host,
+                f"{here}.name: {name!r} is not a valid tenant name; use 1-32 of a-z 0-9 _ - "
+                "starting with a letter or digit",
+            )
+        if name in seen:
+            raise _fail(
+                host, f"{here}: tenant {name!r} is defined twice; keep one entry per tenant"
+            )
+        seen.add(name)
+        where = f"{here} ({name})"
+        memory_max = entry.get("memory_max")
+        if memory_max is None or (
+            isinstance(memory_max, str) and memory_max.strip().lower() == "infinity"
+        ):
+            memory_max_kb = None
+        else:
+            memory_max_kb = _size(host, where, "memory_max", memory_max)
+        description = entry.get("description")
+        if description is None:
+            description = f"numafleet tenant {name}"
+        _check_text(host, where, "description", description)
+        tenants.append(Tenant(index, name, memory_max_kb, description))
+    return tenants
+
+
+def parse_placements(host: str, raw, tenants: list) -> list:
+    """Placement dataclasses of numafleet_placements (None = []); raises PlacementError."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise _fail(host, f"{PLACEMENTS_VAR} must be a list of placements (name:, exec:, cpus:)")
+    names = {tenant.name for tenant in tenants}
+    placements: list = []
+    seen: dict = {}
+    for index, entry in enumerate(raw):
+        placement = _placement(host, index, entry, names)
+        if placement.name in seen:
+            raise _fail(
+                host,
+                f"{placement.where}: the name is already used by {PLACEMENTS_VAR}"
+                f"[{seen[placement.name]}]; names must be unique (they name the units)",
+            )
+        seen[placement.name] = index
+        placements.append(placement)
+    return placements
+
+
+def parse_policy(host: str, raw: Optional[dict]) -> Policy:
+    """Policy of {"reserved_cpus": cpulist, "memory_headroom_pct": int}; raises PlacementError."""
+    raw = raw or {}
+    reserved = raw.get("reserved_cpus")
+    if reserved is None:
+        reserved = ""
+    cpus: Union[list, tuple]
+    if isinstance(reserved, list) and all(_is_int(cpu) and cpu >= 0 for cpu in reserved):
+        cpus = sorted(set(reserved))
+    elif _is_int(reserved) and reserved >= 0:
+        cpus = [reserved]
+    elif isinstance(reserved, str):
+        try:
+            cpus = parse_cpulist(reserved)
+        except CpulistError as exc:
+            raise _fail(
+                host, f"{RESERVED_VAR}: {exc}; write a cpulist such as '0-1' or '' for none"
+            ) from None
+    else:
+        raise _fail(host, f"{RESERVED_VAR}: {reserved!r} is not a cpulist; write e.g. '0-1'")
+    headroom = raw.get("memory_headroom_pct")
+    if headroom is None:
+        headroom = DEFAULT_HEADROOM_PCT
+    if not _is_int(headroom) or not 0 <= headroom <= 90:
+        raise _fail(
+            host,
+            f"{HEADROOM_VAR}: {headroom!r} is not a percentage 0..90; write e.g. 15 "
+            "(memory per node kept free when planning)",
+        )
+    return Policy(tuple(cpus), headroom)

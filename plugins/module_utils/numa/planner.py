@@ -1,0 +1,1156 @@
+# Private to this collection: may change in any release.
+"""The planner: host facts + placements -> the plan (fact numafleet_plan). Pure, no I/O.
+
+Greedy in declaration order: each placement takes what it needs from what earlier ones left,
+so appending a placement never moves an earlier one. See DESIGN.md §3 for the plan's meaning.
+"""
+
+from __future__ import annotations
+
+from operator import itemgetter, methodcaller
+from typing import Optional
+
+from .cpulist import format_cpulist
+from .errors import PlacementError, PlanError
+from .placements import (
+    HEADROOM_VAR,
+    PLACEMENTS_VAR,
+    RESERVED_VAR,
+    format_kb,
+    parse_placements,
+    parse_policy,
+    parse_tenants,
+)
+
+PLAN_VERSION = 1
+CPU_KINDS = ("cpu+memory", "cpu-only")
+MEMORY_KINDS = ("cpu+memory", "memory-only")
+MPS_PIPE_ROOT = "/run/nvidia-mps"
+MPS_LOG_ROOT = "/var/log/nvidia-mps"
+DEFAULT_SLICE = "numafleet.slice"
+_ID = itemgetter("id")
+_SIBLINGS = methodcaller("get", "siblings")
+
+
+def tenant_slice(name: str) -> str:
+    """systemd slice unit of a tenant: numafleet-<name with '-' escaped as \\x2d>.slice."""
+    return "numafleet-" + name.replace("-", "\\x2d") + ".slice"
+
+
+def _short_address(address: str) -> str:
+    return address[5:] if address.startswith("0000:") else address
+
+
+class _Gpu:
+    """One GPU of the facts and what the plan has given of it so far."""
+
+    __slots__ = (
+        "address",
+        "uuid",
+        "node",
+        "cpu_node",
+        "vendor",
+        "switch",
+        "peers",
+        "memory_mib",
+        "mig_mode",
+        "mig_profiles",
+        "mig_existing",
+        "use",
+        "placements",
+        "slots",
+        "claimed",
+        "mps_clients",
+        "mps_pinned_kb",
+        "mps_pct",
+    )
+
+    def __init__(self, entry: dict, cpu_node: Optional[int]) -> None:
+        self.address = entry["address"]
+        self.uuid = entry.get("uuid")
+        self.node = entry.get("node")
+        self.cpu_node = cpu_node
+        self.vendor = entry.get("vendor")
+        self.switch = entry.get("switch")
+        self.peers = frozenset(entry.get("nvlink_peers") or ())
+        self.memory_mib = entry.get("memory_total_mib")
+        mig = entry.get("mig") or {}
+        self.mig_mode = mig.get("mode_current")
+        profiles = mig.get("supported_profiles")
+        self.mig_profiles = None
+        self.mig_existing: list = []
+        if self.mig_mode == "enabled" and profiles is not None:
+            self.mig_profiles = {
+                profile["name"]: sorted(
+                    (slot["start"], slot["size"]) for slot in profile.get("placements") or ()
+                )
+                for profile in profiles
+                if profile.get("name")
+            }
+            self.mig_existing = sorted(
+                (
+                    (
+                        instance["placement_start"],
+                        instance["placement_size"],
+                        instance.get("profile_name"),
+                        instance.get("mig_device_uuid"),
+                    )
+                    for instance in mig.get("gpu_instances") or ()
+                    if instance.get("placement_start") is not None
+                ),
+                key=lambda item: item[0],
+            )
+        self.use: Optional[str] = None  # None (free), "whole", "mps"
+        self.placements: list = []
+        # MIG: (start, size, profile, device_uuid, placement name or None, existing)
+        self.slots = [(s, z, p, u, None, True) for s, z, p, u in self.mig_existing]
+        self.claimed: set = set()  # starts of existing instances given to a placement
+        self.mps_clients: list = []
+        self.mps_pinned_kb = 0
+        self.mps_pct: list = []
+
+    @property
+    def mig_capable(self) -> bool:
+        return self.mig_profiles is not None
+
+    def mig_pick(self, profile: str) -> Optional[tuple]:
+        """(start, size, device_uuid, existing) of the instance a new MIG client gets, or None."""
+        for start, size, name, uuid in self.mig_existing:
+            if name == profile and start not in self.claimed:
+                return start, size, uuid, True
+        for start, size in self.mig_profiles.get(profile) or ():
+            end = start + size
+            if all(end <= s or start >= s + z for s, z, *dummy in self.slots):
+                return start, size, None, False
+        return None
+
+    def mps_room(self, pinned_kb: int) -> bool:
+        if self.memory_mib is None or not pinned_kb:
+            return True
+        return self.mps_pinned_kb + pinned_kb <= self.memory_mib * 1024
+
+
+class _Fit:
+    """One way to place a placement: nodes, CPUs, GPUs, memory node and its rank."""
+
+    __slots__ = ("nodes", "groups", "cpus", "gpus", "mig", "mem_node", "mems", "rank", "spans")
+
+    def __init__(self) -> None:
+        self.nodes: list = []
+        self.groups: dict = {}  # node -> number of free groups taken from the front
+        self.cpus: Optional[tuple] = None  # explicit CPUs
+        self.gpus: list = []
+        self.mig: Optional[tuple] = None
+        self.mem_node: Optional[int] = None
+        self.mems: list = []
+        self.rank: tuple = ()
+        self.spans = False
+
+
+class _Host:
+    """Indexes of one host's facts, built once, and the free resources left while planning."""
+
+    def __init__(self, host: str, numa: dict, gpu_topology: Optional[dict], policy) -> None:
+        self.host = host
+        self.headroom = policy.memory_headroom_pct
+        self.reserved = frozenset(policy.reserved_cpus)
+        if not isinstance(numa, dict) or not numa.get("nodes"):
+            raise PlanError(
+                host,
+                "no NUMA facts (ansible_facts.numa has no nodes); gather them with "
+                "numafleet.tuning.numa_facts before planning",
+            )
+        nodes = numa["nodes"]
+        self.node_ids = [node["id"] for node in nodes]
+        ids = numa.get("node_ids") or self.node_ids
+        self.node = {node["id"]: node for node in nodes}
+        self.dist: dict = {}
+        for node in nodes:
+            distances = node.get("distances") or ()
+            row = {}
+            for position, other in enumerate(ids):
+                row[other] = distances[position] if position < len(distances) else 255
+            row[node["id"]] = row.get(node["id"], 10)
+            self.dist[node["id"]] = row
+        cpus = numa.get("cpus") or {}
+        self.online = frozenset(cpus.get("online") or ())
+        self.offline = frozenset(cpus.get("offline") or ())
+        self.isolated = frozenset(cpus.get("isolated") or ())
+        self.cpu_node: dict = {}
+        for node in nodes:
+            self.cpu_node.update(dict.fromkeys(node.get("cpus") or (), node["id"]))
+        per_cpu = numa.get("per_cpu") or ()
+        siblings = dict(zip(map(_ID, per_cpu), map(_SIBLINGS, per_cpu)))
+        if len(siblings) > len(self.cpu_node):
+            for entry in per_cpu:
+                self.cpu_node.setdefault(entry["id"], entry.get("node"))
+        self._check_reserved(nodes)
+        blocked = self.reserved | self.isolated
+        self.usable: dict = {}
+        self.free_groups: dict = {}
+        self.free_cpus: dict = {}
+        online = self.online
+        for node in nodes:
+            nid = node["id"]
+            if node.get("kind") not in CPU_KINDS:
+                continue
+            # Facts list CPU sets sorted (CONTRIBUTING.md): no sorting here.
+            cpus = node.get("cpus") or ()
+            if not online.issuperset(cpus):
+                cpus = [c for c in cpus if c in online]
+            usable = [c for c in cpus if c not in blocked] if blocked else list(cpus)
+            if not usable:
+                continue
+            self.usable[nid] = usable
+            self.free_groups[nid] = _core_groups(usable, siblings)
+            self.free_cpus[nid] = len(usable)
+        self.cpu_nodes = [nid for nid in self.node_ids if nid in self.usable]
+        self.mem_nodes = [
+            node["id"]
+            for node in nodes
+            if node.get("kind") in MEMORY_KINDS and (node.get("memory_kb") or 0) > 0
+        ]
+        mem_set = set(self.mem_nodes)
+        self.budget = {
+            nid: (self.node[nid].get("memory_kb") or 0) * (100 - self.headroom) // 100
+            for nid in self.mem_nodes
+        }
+        self.used_kb = dict.fromkeys(self.mem_nodes, 0)
+        self.hp_sizes = {
+            nid: frozenset(h["size_kb"] for h in self.node[nid].get("hugepages") or ())
+            for nid in self.mem_nodes
+        }
+        self.hp_planned: dict = {}
+        self.near_mem = {
+            nid: (
+                [nid]
+                if nid in mem_set
+                else sorted(self.mem_nodes, key=lambda other, n=nid: (self.dist[n][other], other))
+            )
+            for nid in self.node_ids
+        }
+        self.taken_cpus: set = set()
+        self.planned_cpus: dict = {}  # node -> CPUs given to placements
+        self._index_gpus(gpu_topology)
+
+    def _check_reserved(self, nodes: list) -> None:
+        missing = sorted(cpu for cpu in self.reserved if cpu not in self.cpu_node)
+        if missing:
+            raise PlacementError(
+                self.host,
+                f"{RESERVED_VAR}: CPUs {format_cpulist(missing)} are not on this host (it has "
+                f"{format_cpulist(self.cpu_node)}); fix the cpulist",
+            )
+        if not self.reserved:
+            return
+        touched = {self.cpu_node[cpu] for cpu in self.reserved}
+        for node in nodes:
+            if node["id"] not in touched:
+                continue
+            online = [cpu for cpu in node.get("cpus") or () if cpu in self.online]
+            if online and self.reserved.issuperset(online):
+                raise PlacementError(
+                    self.host,
+                    f"{RESERVED_VAR} covers every online CPU of node {node['id']} "
+                    f"({format_cpulist(online)}); leave at least one core of each node for "
+                    "placements",
+                )
+
+    def _index_gpus(self, gpu_topology: Optional[dict]) -> None:
+        entries = (gpu_topology or {}).get("gpus") or ()
+        self.gpus: list = []
+        self.gpu_by_id: dict = {}
+        for entry in sorted(entries, key=lambda item: item["address"]):
+            node = entry.get("node")
+            cpu_node = None
+            if node is not None and node in self.dist:
+                cpu_node = node
+                if node not in self.usable:  # a GPU on a CPU-less node: its nearest CPU node
+                    near = sorted(
+                        self.cpu_nodes, key=lambda other, n=node: (self.dist[n][other], other)
+                    )
+                    cpu_node = near[0] if near else None
+            gpu = _Gpu(entry, cpu_node)
+            self.gpus.append(gpu)
+            self.gpu_by_id[gpu.address] = gpu
+            if gpu.uuid:
+                self.gpu_by_id[gpu.uuid] = gpu
+        # Free whole GPUs (MIG-enabled ones only ever serve MIG instances), by CPU node.
+        self.free_whole: dict = {nid: [] for nid in self.node_ids}
+        self.free_unknown: list = []
+        for gpu in self.gpus:
+            if gpu.mig_mode == "enabled":
+                continue
+            if gpu.cpu_node is None:
+                self.free_unknown.append(gpu)
+            else:
+                self.free_whole[gpu.cpu_node].append(gpu)
+
+    # -- messages --------------------------------------------------------------------------
+
+    def fail(self, placement, message: str) -> PlanError:
+        return PlanError(self.host, f"{placement.where} {message}")
+
+    def free_text(self) -> str:
+        parts = []
+        for nid in self.node_ids:
+            kind = self.node[nid].get("kind")
+            if kind not in CPU_KINDS and kind not in MEMORY_KINDS:
+                continue
+            text = f"node{nid} {len(self.free_whole.get(nid, ()))} GPUs, {self.free_cpus.get(nid, 0)} CPUs"
+            if nid in self.budget:
+                text += f", {format_kb(max(self.budget[nid] - self.used_kb[nid], 0))} memory"
+            else:
+                text += ", no memory"
+            parts.append(text)
+        if self.free_unknown:
+            parts.append(f"{len(self.free_unknown)} GPUs of unknown node")
+        return "; ".join(parts)
+
+    # -- resources -------------------------------------------------------------------------
+
+    def mem_for(self, cpu_node: int, need_kb: int, hp_kb: int, hp_size: Optional[int]):
+        """The memory node that takes the charge for a CPU node, or None if none fits."""
+        for nid in self.near_mem[cpu_node]:
+            if hp_size is not None and hp_size not in self.hp_sizes[nid]:
+                continue
+            if self.used_kb[nid] + need_kb + hp_kb <= self.budget[nid]:
+                return nid
+        return None
+
+    def groups_for(self, nid: int, count: int) -> int:
+        """How many free groups (lowest first) of a node cover count CPUs; -1 if too few."""
+        if self.free_cpus.get(nid, 0) < count:
+            return -1
+        total = 0
+        for taken, group in enumerate(self.free_groups[nid], 1):
+            total += len(group)
+            if total >= count:
+                return taken
+        return -1
+
+
+def _core_groups(usable: list, siblings: dict) -> list:
+    """SMT sibling groups of the usable CPUs (sorted), in the order of their lowest CPU."""
+    lists = list(map(siblings.get, usable))
+    if None in lists or [] in lists:
+        lists = [siblings.get(cpu) or (cpu,) for cpu in usable]
+    keys = dict.fromkeys(map(tuple, lists))
+    usable_set = set(usable)
+    groups = []
+    for key in keys:
+        if not usable_set.issuperset(key):
+            key = tuple(c for c in key if c in usable_set)
+        groups.append(key)
+    if sum(map(len, groups)) == len(usable) and all(groups):
+        return groups
+    # Sibling lists that disagree with each other: one CPU, one group, lowest CPU first.
+    groups = []
+    for cpu in usable:
+        if cpu in usable_set:
+            group = tuple(c for c in siblings.get(cpu) or () if c in usable_set) or (cpu,)
+            if cpu not in group:
+                group = (cpu,)
+            usable_set.difference_update(group)
+            groups.append(group)
+    return groups
+
+
+def _choose_gpus(pool: list, count: int) -> Optional[list]:
+    """count GPUs of pool (sorted by address): one switch, else NVLink-connected, else lowest."""
+    if len(pool) < count:
+        return None
+    if count == 0:
+        return []
+    switches: dict = {}
+    for gpu in pool:
+        switches.setdefault(gpu.switch or gpu.address, []).append(gpu)
+    fitting = [group for group in switches.values() if len(group) >= count]
+    if fitting:
+        best = min(fitting, key=lambda group: (len(group), group[0].address))
+        return best[:count]
+    if count > 1:
+        for position, seed in enumerate(pool):
+            chosen = [seed]
+            for gpu in pool[position + 1 :]:
+                if all(gpu.address in other.peers for other in chosen):
+                    chosen.append(gpu)
+                    if len(chosen) == count:
+                        return chosen
+    return pool[:count]
+
+
+class _Planner:
+    def __init__(self, state: _Host, placements: list) -> None:
+        self.state = state
+        self.placements = placements
+        self.out: list = []
+        self.warnings: list = []
+
+    # -- request checks against the facts --------------------------------------------------
+
+    def _listed_gpus(self, p) -> list:
+        state = self.state
+        gpus = []
+        for ident in p.gpu_ids or ():
+            gpu = state.gpu_by_id.get(ident)
+            if gpu is None:
+                known = ", ".join(g.address for g in state.gpus) or "none"
+                raise PlacementError(
+                    state.host,
+                    f"{p.where}.gpus: {ident} is not a GPU of this host (known: {known}); "
+                    "list PCI addresses or UUIDs from ansible_facts.gpu_topology",
+                )
+            if gpu in gpus:
+                raise PlacementError(
+                    state.host,
+                    f"{p.where}.gpus lists {gpu.address} twice (by address and UUID); list it once",
+                )
+            gpus.append(gpu)
+        for gpu in gpus:
+            if p.mig_profile is None and gpu.mig_mode == "enabled":
+                raise PlacementError(
+                    state.host,
+                    f"{p.where}.gpus: {gpu.address} has MIG enabled and only serves MIG "
+                    "instances; set mig_profile or list another GPU",
+                )
+            if p.mig_profile is None and gpu.use is not None:
+                if gpu.use == "mps" and p.mps is not None:
+                    continue
+                raise self.state.fail(
+                    p,
+                    f"lists GPU {gpu.address}, already given to {', '.join(gpu.placements)}; "
+                    "list another GPU or use gpus: <count>",
+                )
+            if p.mps is not None and not gpu.uuid:
+                raise PlacementError(
+                    state.host,
+                    f"{p.where}.mps: GPU {gpu.address} has no UUID (not an NVIDIA GPU?); MPS "
+                    "needs an NVIDIA GPU: remove mps",
+                )
+        return gpus
+
+    def _check_mig(self, p, listed: list) -> None:
+        state = self.state
+        capable = [gpu for gpu in state.gpus if gpu.mig_capable]
+        if not capable:
+            raise PlacementError(
+                state.host,
+                f"{p.where}.mig_profile: no GPU of this host has MIG enabled; enable MIG "
+                "(nvidia-smi -mig 1) on a GPU or remove mig_profile",
+            )
+        candidates = listed or capable
+        if listed and not listed[0].mig_capable:
+            raise PlacementError(
+                state.host,
+                f"{p.where}.gpus: {listed[0].address} does not have MIG enabled; list one of "
+                f"{', '.join(g.address for g in capable)} or enable MIG on it",
+            )
+        if not any(p.mig_profile in gpu.mig_profiles for gpu in candidates):
+            offered = sorted({name for gpu in candidates for name in gpu.mig_profiles})
+            raise PlacementError(
+                state.host,
+                f"{p.where}.mig_profile: {p.mig_profile!r} is not offered by "
+                f"{'GPU ' + listed[0].address if listed else 'the MIG-enabled GPUs'} "
+                f"(offered: {', '.join(offered)}); pick one of those",
+            )
+
+    def _check_hugepages(self, p) -> None:
+        state = self.state
+        size = p.hugepages.size_kb
+        offered = sorted({s for nid in state.mem_nodes for s in state.hp_sizes[nid]})
+        nodes = state.mem_nodes
+        if p.node is not None and p.node in state.near_mem:
+            nodes = state.near_mem[p.node]
+            offered = sorted({s for nid in nodes for s in state.hp_sizes[nid]})
+        if not any(size in state.hp_sizes[nid] for nid in nodes):
+            names = ", ".join(f"{s}K" if s < 1024 else format_kb(s) for s in offered) or "none"
+            raise PlacementError(
+                state.host,
+                f"{p.where}.hugepages.size: {format_kb(size)} pages are not offered by the "
+                f"node (offered: {names}); pick an offered size",
+            )
+
+    def _explicit_cpus(self, p, warnings: list) -> list:
+        state = self.state
+        nodes = set()
+        for cpu in p.cpu_list:
+            node = state.cpu_node.get(cpu)
+            if node is None:
+                raise PlacementError(
+                    state.host,
+                    f"{p.where}.cpus: CPU {cpu} does not exist on this host (it has "
+                    f"{format_cpulist(state.cpu_node)}); fix the cpulist",
+                )
+            if cpu in state.offline or cpu not in state.online:
+                raise PlacementError(
+                    state.host, f"{p.where}.cpus: CPU {cpu} is offline; pin online CPUs only"
+                )
+            if cpu in state.reserved:
+                raise PlacementError(
+                    state.host,
+                    f"{p.where}.cpus: CPU {cpu} is in {RESERVED_VAR}; pin other CPUs or "
+                    "shrink the reserved set",
+                )
+            if cpu in state.taken_cpus:
+                owner = next(entry["name"] for entry in self.out if cpu in entry["cpus"])
+                raise PlacementError(
+                    state.host,
+                    f"{p.where}.cpus: CPU {cpu} is already given to {owner}; "
+                    "pin other CPUs or use a count",
+                )
+            nodes.add(node)
+        isolated = [cpu for cpu in p.cpu_list if cpu in state.isolated]
+        if isolated:
+            warnings.append(
+                f"CPUs {format_cpulist(isolated)} are isolated (isolcpus): the scheduler does "
+                "not balance threads across them"
+            )
+        if p.node is not None and nodes != {p.node}:
+            raise PlacementError(
+                state.host,
+                f"{p.where}: cpus {format_cpulist(p.cpu_list)} are on node(s) "
+                f"{', '.join(str(n) for n in sorted(nodes))}, not on node {p.node}; drop node: "
+                "or pin CPUs of that node",
+            )
+        return sorted(nodes)
+
+    def _check_node(self, p) -> None:
+        state = self.state
+        if p.node not in state.node:
+            raise PlacementError(
+                state.host,
+                f"{p.where}.node: node {p.node} does not exist (nodes: "
+                f"{', '.join(str(n) for n in state.node_ids)}); pick an existing node",
+            )
+        if p.node not in state.usable:
+            raise PlacementError(
+                state.host,
+                f"{p.where}.node: node {p.node} has no CPUs a placement can use (kind "
+                f"{state.node[p.node].get('kind')}); pick one of "
+                f"{', '.join(str(n) for n in state.cpu_nodes)}",
+            )
+
+    # -- fitting ---------------------------------------------------------------------------
+
+    def _gpu_pick(self, p, nid: int, listed: list, fallback: bool):
+        """GPUs (and MIG slot) for placement p with CPUs on node nid; None if none fit."""
+        state = self.state
+        if p.mig_profile is not None:
+            pool = listed or [
+                g
+                for g in state.gpus
+                if g.mig_capable
+                and (g.cpu_node == nid or (fallback and g.cpu_node is None))
+                and p.mig_profile in g.mig_profiles
+            ]
+            for gpu in pool:
+                pick = gpu.mig_pick(p.mig_profile)
+                if pick is not None:
+                    return [gpu], pick
+            return None
+        if listed:
+            if p.mps is not None and not listed[0].mps_room(p.mps.pinned_memory_limit_kb or 0):
+                return None
+            return listed, None
+        if p.gpu_count == 0:
+            return [], None
+        if p.mps is not None:
+            pinned = p.mps.pinned_memory_limit_kb or 0
+            shared = [
+                g
+                for g in state.gpus
+                if g.use == "mps"
+                and (g.cpu_node == nid or (fallback and g.cpu_node is None))
+                and g.mps_room(pinned)
+            ]
+            if shared:
+                return shared[:1], None
+            pool = [g for g in state.free_whole.get(nid, ()) if g.uuid and g.mps_room(pinned)]
+            if not pool and fallback:
+                pool = [g for g in state.free_unknown if g.uuid and g.mps_room(pinned)]
+            return (pool[:1], None) if pool else None
+        known = state.free_whole.get(nid, [])
+        if not fallback:
+            chosen = _choose_gpus(known, p.gpu_count)
+            return None if chosen is None else (chosen, None)
+        if len(known) + len(state.free_unknown) < p.gpu_count:
+            return None
+        chosen = _choose_gpus(known, min(len(known), p.gpu_count)) or []
+        return chosen + state.free_unknown[: p.gpu_count - len(chosen)], None
+
+    def _fit_node(self, p, nid: int, listed: list, fallback: bool) -> Optional[tuple]:
+        """(rank, node, groups taken, (gpus, mig), memory node) of p on node nid, or None."""
+        state = self.state
+        if p.cpu_list is None:
+            taken = state.groups_for(nid, p.cpu_count)
+            if taken < 0:
+                return None
+        else:
+            taken = 0
+        if p.gpu_count or p.mig_profile is not None or listed:
+            picked = self._gpu_pick(p, nid, listed, fallback)
+            if picked is None:
+                return None
+        else:
+            picked = ([], None)
+        hugepages = p.hugepages
+        if hugepages is None:
+            mem = state.mem_for(nid, p.memory_kb, 0, None)
+        else:
+            mem = state.mem_for(
+                nid, p.memory_kb, hugepages.size_kb * hugepages.count, hugepages.size_kb
+            )
+        if mem is None:
+            return None
+        free_whole = len(state.free_whole.get(nid, ()))
+        cores_left = len(state.free_groups[nid]) - taken
+        if picked[0]:
+            whole_left = free_whole - sum(
+                1 for g in picked[0] if g.use is None and g.cpu_node == nid and not g.mig_capable
+            )
+            return ((whole_left, cores_left, nid), nid, taken, picked, mem)
+        return ((free_whole, cores_left, nid), nid, taken, picked, mem)
+
+    def _single(self, p, nodes: list, listed: list, fallback: bool) -> Optional[_Fit]:
+        best = None
+        for nid in nodes:
+            found = self._fit_node(p, nid, listed, fallback)
+            if found is not None and (best is None or found[0] < best[0]):
+                best = found
+        if best is None:
+            return None
+        fit = _Fit()
+        fit.rank, nid, taken, (fit.gpus, fit.mig), fit.mem_node = best
+        fit.nodes = [nid]
+        fit.groups = {nid: taken}
+        fit.mems = [fit.mem_node]
+        return fit
+
+    def _span(self, p, nodes: list, listed: list) -> Optional[_Fit]:
+        """CPUs (and GPUs) from the best node plus its nearest nodes, or None."""
+        state = self.state
+        whole = p.mig_profile is None and p.mps is None and not listed
+        need_gpus = p.gpu_count if whole else 0
+
+        def cover(nid):
+            gpus = len(state.free_whole.get(nid, ())) if whole else 0
+            return (-min(gpus, need_gpus), -min(state.free_cpus[nid], p.cpu_count), nid)
+
+        hp_size = p.hugepages.size_kb if p.hugepages else None
+        hp_kb = p.hugepages.size_kb * p.hugepages.count if p.hugepages else 0
+        for best in sorted(nodes, key=cover):
+            device = None
+            if not whole:
+                device = self._gpu_pick(p, best, listed, True)
+                if device is None and (p.mig_profile is not None or p.mps is not None or listed):
+                    continue
+            order = sorted(state.cpu_nodes, key=lambda other, b=best: (state.dist[b][other], other))
+            fit = _Fit()
+            cpus_left, gpus_left = p.cpu_count, need_gpus
+            for nid in order:
+                if cpus_left <= 0 and gpus_left <= 0:
+                    break
+                take_gpus = []
+                if gpus_left > 0:
+                    pool = state.free_whole.get(nid, [])
+                    take_gpus = _choose_gpus(pool, min(len(pool), gpus_left)) or []
+                take_cpus = min(cpus_left, state.free_cpus[nid])
+                if not take_gpus and take_cpus <= 0:
+                    continue
+                fit.nodes.append(nid)
+                fit.gpus.extend(take_gpus)
+                gpus_left -= len(take_gpus)
+                groups = state.groups_for(nid, take_cpus) if take_cpus > 0 else 0
+                fit.groups[nid] = groups
+                cpus_left -= sum(len(g) for g in state.free_groups[nid][:groups])
+            if cpus_left > 0 or gpus_left > 0:
+                return None
+            mem = state.mem_for(best, p.memory_kb, hp_kb, hp_size)
+            if mem is None:
+                mem = next(
+                    (
+                        nid
+                        for nid in sorted(
+                            state.mem_nodes, key=lambda o, b=best: (state.dist[b][o], o)
+                        )
+                        if (hp_size is None or hp_size in state.hp_sizes[nid])
+                        and state.used_kb[nid] + p.memory_kb + hp_kb <= state.budget[nid]
+                    ),
+                    None,
+                )
+            if mem is None:
+                return None
+            if device is not None:
+                fit.gpus, fit.mig = device
+            fit.mem_node = mem
+            fit.mems = sorted(
+                {state.near_mem[nid][0] for nid in fit.nodes if state.near_mem[nid]} | {mem}
+            )
+            fit.spans = True
+            return fit
+        return None
+
+    def _infeasible(self, p, nodes: list, listed: list) -> PlanError:
+        state = self.state
+        on = f"on NUMA node {p.node}" if p.node is not None else "on one NUMA node"
+        gpu_free = max((len(state.free_whole.get(n, ())) for n in nodes), default=0)
+        cpu_free = max((state.free_cpus.get(n, 0) for n in nodes), default=0)
+        hp_kb = p.hugepages.size_kb * p.hugepages.count if p.hugepages else 0
+        if p.mig_profile is not None:
+            need = f"needs a free {p.mig_profile} MIG slot and {p.cpu_count} CPUs {on}"
+            fix = "Pick a smaller mig_profile, free a slot, or remove another placement."
+        elif listed:
+            need = (
+                f"needs {p.cpu_count} CPUs and {format_kb(p.memory_kb + hp_kb)} memory next to "
+                f"GPU(s) {', '.join(g.address for g in listed)}"
+            )
+            fix = "Lower cpus or memory, set allow_span: true, or remove another placement."
+        elif p.gpu_count and p.mps is None and gpu_free < p.gpu_count:
+            need = f"needs {p.gpu_count} GPUs {on}"
+            fix = "Lower gpus, set allow_span: true, or remove another placement."
+        elif p.mps is not None:
+            need = f"needs a GPU for MPS and {p.cpu_count} CPUs {on}"
+            fix = "Lower cpus or pinned_memory_limit, or remove another placement."
+        elif cpu_free < p.cpu_count:
+            need = f"needs {p.cpu_count} CPUs {on}"
+            fix = "Lower cpus, set allow_span: true, or remove another placement."
+        elif p.memory_kb + hp_kb:
+            need = (
+                f"needs {format_kb(p.memory_kb + hp_kb)} memory (hugepages included) within the "
+                f"budget of the memory node next to its CPUs {on}"
+            )
+            fix = f"Lower memory or hugepages, lower {HEADROOM_VAR}, or remove another placement."
+        else:
+            need = f"needs {p.gpu_count} GPUs and {p.cpu_count} CPUs together {on}"
+            fix = "Lower gpus or cpus, set allow_span: true, or remove another placement."
+        if p.allow_span:
+            need += " (even spanning nodes)"
+            fix = fix.replace(" set allow_span: true,", "")
+        return state.fail(p, f"{need}; free per node: {state.free_text()}. {fix}")
+
+    # -- commit ----------------------------------------------------------------------------
+
+    def _place(self, p) -> dict:
+        state = self.state
+        warnings: list = []
+        listed = self._listed_gpus(p)
+        if p.mig_profile is not None:
+            self._check_mig(p, listed)
+        if p.hugepages is not None:
+            self._check_hugepages(p)
+        if p.node is not None:
+            self._check_node(p)
+        pinned_nodes = self._explicit_cpus(p, warnings) if p.cpu_list is not None else None
+        if pinned_nodes is not None:
+            nodes = pinned_nodes[:1]
+        elif p.node is not None:
+            nodes = [p.node]
+        elif listed and listed[0].cpu_node is not None:
+            nodes = [listed[0].cpu_node]
+            others = sorted({g.cpu_node for g in listed if g.cpu_node is not None} - set(nodes))
+            if others and not p.allow_span:
+                raise PlacementError(
+                    state.host,
+                    f"{p.where}.gpus: the listed GPUs sit on nodes "
+                    f"{', '.join(str(n) for n in sorted(set(nodes) | set(others)))}; list GPUs of "
+                    "one node or set allow_span: true",
+                )
+        else:
+            nodes = state.cpu_nodes
+        fit = self._single(p, nodes, listed, False)
+        needs_gpu = bool(p.gpu_count or p.mig_profile)
+        if fit is None and needs_gpu and not listed:
+            fit = self._single(p, nodes, listed, True)
+        if fit is None and p.allow_span and pinned_nodes is None:
+            fit = self._span(p, nodes, listed)
+            if fit is not None:
+                warnings.append(
+                    f"spans NUMA nodes {', '.join(str(n) for n in fit.nodes)}: no single node "
+                    "had room (allow_span)"
+                )
+        if fit is None:
+            raise self._infeasible(p, nodes, listed)
+        if pinned_nodes is not None and len(pinned_nodes) > 1:
+            fit.nodes = pinned_nodes
+            fit.spans = True
+            fit.mems = sorted({state.near_mem[n][0] for n in pinned_nodes} | {fit.mem_node})
+            warnings.append(
+                f"cpus {format_cpulist(p.cpu_list)} span NUMA nodes "
+                f"{', '.join(str(n) for n in pinned_nodes)}"
+            )
+        return self._commit(p, fit, warnings)
+
+    def _commit(self, p, fit: _Fit, warnings: list) -> dict:
+        state = self.state
+        if p.cpu_list is not None:
+            cpus = list(p.cpu_list)
+            pinned = set(cpus)
+            for cpu in cpus:
+                state.planned_cpus.setdefault(state.cpu_node[cpu], []).append(cpu)
+            for nid in {state.cpu_node[c] for c in cpus}:
+                if nid in state.free_groups:
+                    groups = []
+                    for group in state.free_groups[nid]:
+                        rest = tuple(c for c in group if c not in pinned)
+                        if rest:
+                            groups.append(rest)
+                    state.free_groups[nid] = groups
+                    state.free_cpus[nid] = sum(len(g) for g in groups)
+        else:
+            cpus = []
+            for nid in fit.nodes:
+                taken = fit.groups.get(nid, 0)
+                if taken:
+                    before = len(cpus)
+                    for group in state.free_groups[nid][:taken]:
+                        cpus.extend(group)
+                    del state.free_groups[nid][:taken]
+                    state.free_cpus[nid] -= len(cpus) - before
+                    state.planned_cpus.setdefault(nid, []).extend(cpus[before:])
+            cpus.sort()
+        state.taken_cpus.update(cpus)
+        hp_kb = p.hugepages.size_kb * p.hugepages.count if p.hugepages else 0
+        state.used_kb[fit.mem_node] += p.memory_kb + hp_kb
+        hugepages = None
+        if p.hugepages is not None:
+            pools = state.hp_planned.setdefault(fit.mem_node, {})
+            pools[p.hugepages.size_kb] = pools.get(p.hugepages.size_kb, 0) + p.hugepages.count
+            hugepages = {
+                "size_kb": p.hugepages.size_kb,
+                "count": p.hugepages.count,
+                "node": fit.mem_node,
+            }
+        environment: dict = {}
+        if fit.gpus:
+            gpus_out, visible, mps_out = self._gpu_part(p, fit, environment, warnings)
+        else:
+            gpus_out, visible, mps_out = [], "", None
+        for key, value in p.environment:
+            if key in environment:
+                raise PlacementError(
+                    state.host,
+                    f"{p.where}.environment sets {key}, which the planner sets for this "
+                    "placement from its GPUs; remove it",
+                )
+            environment[key] = value
+        for text in warnings:
+            self.warnings.append(f"placement {p.name}: {text}")
+        tenant_slice_name = tenant_slice(p.tenant) if p.tenant else DEFAULT_SLICE
+        return {
+            "name": p.name,
+            "index": p.index,
+            "unit": p.unit if p.unit else f"numafleet-{p.name}.service",
+            "unit_kind": "dropin" if p.unit else "service",
+            "exec": p.exec,
+            "argv": list(p.argv),
+            "description": p.description,
+            "user": p.user,
+            "group": p.group,
+            "tenant": p.tenant,
+            "slice": tenant_slice_name,
+            "node": fit.nodes[0],
+            "nodes": sorted(fit.nodes) if fit.spans else [fit.nodes[0]],
+            "spans": fit.spans,
+            "cpus": cpus,
+            "cpus_requested": p.cpu_count,
+            "mems": fit.mems,
+            "memory_kb": p.memory_kb,
+            "hugepages": hugepages,
+            "gpus": gpus_out,
+            "cuda_visible_devices": visible,
+            "mps": mps_out,
+            "environment": dict(sorted(environment.items())) if environment else {},
+            "hardening": p.hardening,
+            "warnings": warnings,
+        }
+
+    def _gpu_part(self, p, fit: _Fit, environment: dict, warnings: list) -> tuple:
+        """GPU entries, CUDA_VISIBLE_DEVICES and MPS settings of a placement that has GPUs."""
+        gpus_out, devices, mps_out = self._commit_gpus(p, fit)
+        visible = ",".join(devices) if all(devices) else ""
+        if any(g.vendor == "nvidia" or (g.uuid or "").startswith("GPU-") for g in fit.gpus):
+            environment["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        if visible:
+            environment["CUDA_VISIBLE_DEVICES"] = visible
+        if mps_out is not None:
+            environment["CUDA_MPS_PIPE_DIRECTORY"] = mps_out["pipe_dir"]
+            if mps_out["active_thread_percentage"] is not None:
+                environment["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(
+                    mps_out["active_thread_percentage"]
+                )
+            if mps_out["pinned_memory_limit_kb"] is not None:
+                environment["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = (
+                    f"0={max(mps_out['pinned_memory_limit_kb'] // 1024, 1)}M"
+                )
+        unknown = [g.address for g in fit.gpus if g.node is None]
+        for address in unknown:
+            warnings.append(
+                f"GPU {address} has unknown NUMA locality (numa_node -1); CPUs and memory were "
+                f"placed on node {fit.nodes[0]} by CPU/memory fit. Set node: if you know the "
+                "GPU's node"
+            )
+        missing_uuid = [g.address for g in fit.gpus if not g.uuid]
+        if missing_uuid:
+            warnings.append(
+                f"GPU {', '.join(missing_uuid)} has no UUID (not NVIDIA, or NVML unavailable): "
+                "CUDA_VISIBLE_DEVICES is not set; select the device in the program"
+            )
+        elif fit.mig is not None and not fit.mig[3]:
+            warnings.append(
+                f"MIG instance {p.mig_profile} at slice {fit.mig[0]} of GPU "
+                f"{fit.gpus[0].address} does not exist yet: CUDA_VISIBLE_DEVICES is set once it "
+                "is created and the plan is made again"
+            )
+        for gpu in fit.gpus:
+            if gpu.cpu_node is not None and gpu.cpu_node not in fit.nodes:
+                warnings.append(
+                    f"GPU {gpu.address} is on node {gpu.node}, not next to the placement's CPUs "
+                    f"(node {', '.join(str(n) for n in fit.nodes)}): its traffic crosses nodes"
+                )
+        return gpus_out, visible, mps_out
+
+    def _commit_gpus(self, p, fit: _Fit) -> tuple:
+        gpus_out, devices = [], []
+        mps_out = None
+        for gpu in fit.gpus:
+            gpu.placements.append(p.name)
+            mig = None
+            device = gpu.uuid
+            if fit.mig is not None:
+                start, size, uuid, existing = fit.mig
+                if existing:
+                    gpu.claimed.add(start)
+                    gpu.slots = [
+                        s if s[0] != start or not s[5] else (s[0], s[1], s[2], s[3], p.name, True)
+                        for s in gpu.slots
+                    ]
+                else:
+                    gpu.slots.append((start, size, p.mig_profile, None, p.name, False))
+                    gpu.slots.sort(key=lambda s: s[0])
+                mig = {
+                    "profile": p.mig_profile,
+                    "placement_start": start,
+                    "placement_size": size,
+                    "device_uuid": uuid,
+                    "existing": existing,
+                }
+                device = uuid
+            elif p.mps is not None:
+                if gpu.use is None:
+                    self._take_whole(gpu)
+                    gpu.use = "mps"
+            else:
+                self._take_whole(gpu)
+                gpu.use = "whole"
+            if p.mps is not None:
+                pinned = p.mps.pinned_memory_limit_kb
+                gpu.mps_clients.append(p.name)
+                gpu.mps_pinned_kb += pinned or 0
+                if p.mps.active_thread_percentage is not None:
+                    gpu.mps_pct.append(p.mps.active_thread_percentage)
+                key = device or f"{gpu.uuid or gpu.address}-mig{fit.mig[0] if fit.mig else ''}"
+                mps_out = {
+                    "pipe_dir": f"{MPS_PIPE_ROOT}/{key}",
+                    "log_dir": f"{MPS_LOG_ROOT}/{key}",
+                    "active_thread_percentage": p.mps.active_thread_percentage,
+                    "pinned_memory_limit_kb": pinned,
+                }
+            gpus_out.append(
+                {
+                    "address": gpu.address,
+                    "uuid": gpu.uuid,
+                    "node": gpu.node,
+                    "mig": mig,
+                    "shared_mps": p.mps is not None,
+                }
+            )
+            devices.append(device)
+        if not p.gpu_ids:
+            order = sorted(range(len(gpus_out)), key=lambda i: gpus_out[i]["address"])
+            gpus_out = [gpus_out[i] for i in order]
+            devices = [devices[i] for i in order]
+        return gpus_out, devices, mps_out
+
+    def _take_whole(self, gpu: _Gpu) -> None:
+        state = self.state
+        pool = state.free_unknown if gpu.cpu_node is None else state.free_whole[gpu.cpu_node]
+        if gpu in pool:
+            pool.remove(gpu)
+
+    # -- the plan --------------------------------------------------------------------------
+
+    def run(self) -> None:
+        for p in self.placements:
+            self.out.append(self._place(p))
+
+
+def _gpus_out(state: _Host) -> tuple:
+    gpus, daemons = [], []
+    for gpu in state.gpus:
+        mig = None
+        if gpu.mig_mode == "enabled":
+            mig = {
+                "mode": gpu.mig_mode,
+                "layout": [
+                    {
+                        "profile": profile,
+                        "placement_start": start,
+                        "placement_size": size,
+                        "placement": owner,
+                        "device_uuid": uuid,
+                    }
+                    for start, size, profile, uuid, owner, dummy in gpu.slots
+                ],
+            }
+        elif gpu.mig_mode is not None:
+            mig = {"mode": gpu.mig_mode, "layout": []}
+        mps = None
+        if gpu.use == "mps":
+            pipe = f"{MPS_PIPE_ROOT}/{gpu.uuid}"
+            log = f"{MPS_LOG_ROOT}/{gpu.uuid}"
+            mps = {
+                "device_uuid": gpu.uuid,
+                "pipe_dir": pipe,
+                "log_dir": log,
+                "clients": list(gpu.mps_clients),
+                "pinned_memory_limit_kb_total": gpu.mps_pinned_kb,
+            }
+            daemons.append(
+                {
+                    "device_uuid": gpu.uuid,
+                    "gpu_address": gpu.address,
+                    "pipe_dir": pipe,
+                    "log_dir": log,
+                    "clients": list(gpu.mps_clients),
+                    "active_thread_percentage": max(gpu.mps_pct) if gpu.mps_pct else None,
+                }
+            )
+        if gpu.use is not None:
+            use = gpu.use
+        elif gpu.claimed or any(not s[5] for s in gpu.slots):
+            use = "mig"
+        else:
+            use = "free"
+        gpus.append(
+            {
+                "address": gpu.address,
+                "uuid": gpu.uuid,
+                "node": gpu.node,
+                "use": use,
+                "placements": list(gpu.placements),
+                "mig": mig,
+                "mps": mps,
+            }
+        )
+    return gpus, daemons
+
+
+def _mig_daemons(plan_placements: list) -> list:
+    daemons = []
+    for entry in plan_placements:
+        if entry["mps"] is None or not entry["gpus"] or entry["gpus"][0]["mig"] is None:
+            continue
+        mig = entry["gpus"][0]["mig"]
+        daemons.append(
+            {
+                "device_uuid": mig["device_uuid"],
+                "gpu_address": entry["gpus"][0]["address"],
+                "pipe_dir": entry["mps"]["pipe_dir"],
+                "log_dir": entry["mps"]["log_dir"],
+                "clients": [entry["name"]],
+                "active_thread_percentage": entry["mps"]["active_thread_percentage"],
+            }
+        )
+    return daemons
+
+
+def plan_host(host, numa, gpu_topology, placements, tenants, policy) -> dict:
+    """The plan (fact numafleet_plan) of one host; raises PlanError (PlacementError for bad vars)."""
+    parsed_policy = parse_policy(host, policy)
+    parsed_tenants = parse_tenants(host, tenants)
+    parsed = parse_placements(host, placements, parsed_tenants)
+    state = _Host(host, numa, gpu_topology, parsed_policy)
+    planner = _Planner(state, parsed)
+    planner.run()
+    tenants_out = []
+    for tenant in sorted(parsed_tenants, key=lambda t: t.name):
+        members = [entry for entry in planner.out if entry["tenant"] == tenant.name]
+        tenants_out.append(
+            {
+                "name": tenant.name,
+                "slice": tenant_slice(tenant.name),
+                "memory_max_kb": tenant.memory_max_kb,
+                "description": tenant.description,
+                "cpus": sorted({cpu for entry in members for cpu in entry["cpus"]}),
+                "mems": sorted({node for entry in members for node in entry["mems"]}),
+                "placements": [entry["name"] for entry in members],
+            }
+        )
+    planned = state.planned_cpus
+    gpus_by_node: dict = {}
+    for gpu in state.gpus:
+        if gpu.node is not None:
+            gpus_by_node.setdefault(gpu.node, []).append(gpu.address)
+    nodes_out = []
+    for nid in state.node_ids:
+        node = state.node[nid]
+        pools = state.hp_planned.get(nid, {})
+        nodes_out.append(
+            {
+                "id": nid,
+                "kind": node.get("kind"),
+                "memory_kb": node.get("memory_kb") or 0,
+                "budget_kb": state.budget.get(nid, 0),
+                "planned_memory_kb": state.used_kb.get(nid, 0),
+                "cpus_usable": state.usable.get(nid, []),
+                "cpus_planned": sorted(planned.get(nid, [])),
+                "hugepages": [
+                    {"size_kb": size, "count": pools[size]} for size in sorted(pools) if pools[size]
+                ],
+                "gpus": gpus_by_node.get(nid, []),
+            }
+        )
+    gpus_out, daemons = _gpus_out(state)
+    daemons.extend(_mig_daemons(planner.out))
+    daemons.sort(key=lambda d: (d["gpu_address"], d["pipe_dir"]))
+    return {
+        "version": PLAN_VERSION,
+        "host": host,
+        "reserved_cpus": sorted(state.reserved),
+        "memory_headroom_pct": parsed_policy.memory_headroom_pct,
+        "placements": planner.out,
+        "tenants": tenants_out,
+        "nodes": nodes_out,
+        "gpus": gpus_out,
+        "mps_daemons": daemons,
+        "warnings": planner.warnings,
+    }
+
+
+def plan_summary(plan: dict) -> str:
+    """One line per host: '<host>: 2 placements: a node0 cpus 2-17 gpus 17:00.0; ...; 1 warning'."""
+    placements = plan.get("placements") or []
+    parts = []
+    for entry in placements:
+        nodes = "+".join(str(n) for n in entry["nodes"])
+        text = f"{entry['name']} node{nodes} cpus {format_cpulist(entry['cpus'])}"
+        if entry["gpus"]:
+            text += " gpus " + ",".join(_short_address(g["address"]) for g in entry["gpus"])
+            mig = entry["gpus"][0]["mig"]
+            if mig is not None:
+                text += f" mig {mig['profile']}@{mig['placement_start']}"
+            if entry["mps"] is not None:
+                text += " mps"
+        parts.append(text)
+    count = len(placements)
+    line = f"{plan.get('host')}: {count} placement{'' if count == 1 else 's'}"
+    if parts:
+        line += ": " + "; ".join(parts)
+    warnings = len(plan.get("warnings") or [])
+    if warnings:
+        line += f"; {warnings} warning{'' if warnings == 1 else 's'}"
+    return line
+
+
+__all__ = ["PLACEMENTS_VAR", "plan_host", "plan_summary", "tenant_slice"]

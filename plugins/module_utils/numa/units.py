@@ -1,0 +1,686 @@
+# Private to this collection: may change in any release.
+"""systemd files of a placement plan: pinned services, drop-ins, tenant slices, and the manifest.
+
+``render_files`` turns the plan (``numafleet_plan``, see planner.py) into ``{path: text}``, paths as
+on the host. ``plan_changes`` compares that with what is on disk and with the manifest of the
+files written last time; ``write_files`` applies the changes under a root. Values are escaped for
+systemd (specifiers ``%``, variables ``$``, quotes, backslashes); any control character is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import re
+import tempfile
+import unicodedata
+from dataclasses import dataclass
+from typing import Optional
+
+from .cpulist import format_cpulist
+from .errors import UnitFileError, UnitRenderError
+
+DEFAULT_HEADER = "# Managed by numafleet.tuning"
+DEFAULT_UNIT_DIR = "/etc/systemd/system"
+DEFAULT_MANIFEST_PATH = "/etc/numafleet/manifest.json"
+DROPIN_NAME = "50-numafleet.conf"
+DEFAULT_SLICE = "numafleet.slice"
+MANIFEST_VERSION = 1
+PLAN_VERSION = 1
+FILE_MODE = 0o644
+DIR_MODE = 0o755
+# `systemctl disable --now` waits for the unit to stop (TimeoutStopSec= defaults to 90 s).
+STOP_TIMEOUT_S = 300
+_KILL_AFTER_S = 10
+
+# Hardening of numafleet services. Never PrivateDevices=: the GPUs live in /dev.
+HARDENING = (
+    ("NoNewPrivileges", "yes"),
+    ("ProtectSystem", "full"),
+    ("ProtectHome", "read-only"),
+    ("PrivateTmp", "yes"),
+    ("ProtectKernelTunables", "yes"),
+    ("ProtectKernelModules", "yes"),
+    ("ProtectControlGroups", "yes"),
+    ("RestrictSUIDSGID", "yes"),
+    ("LockPersonality", "yes"),
+    ("RestrictRealtime", "yes"),
+)
+
+_REPLAN = (
+    "pass the numafleet_plan fact made by numafleet.tuning.numa_plan as it is, "
+    "and fix the host_vars it was planned from"
+)
+# Characters systemd-escape keeps as they are (src/basic/unit-name.c VALID_CHARS, less "-" and "\").
+_PLAIN = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789:_.")
+_UNIT_PREFIX = r"[A-Za-z0-9:_.\\-]+"
+_UNIT_NAME = re.compile(rf"^{_UNIT_PREFIX}(@[A-Za-z0-9:_.\\-]*)?\.(service|slice)$")
+_INSTANCE = re.compile(r"^[A-Za-z0-9:_.-]+$")
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# ExecStart= prefixes systemd reads from the first word, even when it is quoted.
+_EXEC_PREFIXES = "-@:+!|"
+# Refused by systemd in the program path (string_is_safe), or not expanded there ($).
+_PROGRAM_SPECIAL = "\\\"'$"
+_UNIT_NAME_MAX = 255
+
+
+# --- escaping ----------------------------------------------------------------------------------
+
+
+def check_text(value: str, what: str) -> str:
+    """``value`` unchanged; raises UnitRenderError naming ``what`` when it has a control character."""
+    for char in value:
+        if unicodedata.category(char) == "Cc":
+            raise UnitRenderError(
+                f"{what}: {value!r} holds the control character U+{ord(char):04X}; systemd unit "
+                "files are line based, so remove it from the host_vars (newlines and tabs included)"
+            )
+    return value
+
+
+def escape_specifiers(value: str, what: str) -> str:
+    """``value`` with ``%`` doubled (systemd specifiers); raises UnitRenderError on control characters."""
+    return check_text(value, what).replace("%", "%%")
+
+
+def quote_exec_arg(arg: str, what: str) -> str:
+    """One ExecStart= word: double-quoted, ``\\``/``"`` escaped, ``%`` -> ``%%``, ``$`` -> ``$$``.
+
+    Raises UnitRenderError on control characters.
+    """
+    check_text(arg, what)
+    body = arg.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("$", "$$")
+    return f'"{body}"'
+
+
+def quote_environment(key: str, value: str, what: str) -> str:
+    """An Environment= assignment ``"K=V"`` with ``\\``/``"`` escaped and ``%`` -> ``%%``.
+
+    Raises UnitRenderError on a key that is not a variable name or on control characters.
+    """
+    if not isinstance(key, str) or not _ENV_KEY.match(key):
+        raise UnitRenderError(
+            f"{what}: {key!r} is not an environment variable name; use letters, digits and _, "
+            "not starting with a digit"
+        )
+    if not isinstance(value, str):
+        raise UnitRenderError(f"{what}.{key}: {value!r} is not a string; {_REPLAN}")
+    check_text(value, f"{what}.{key}")
+    body = f"{key}={value}".replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
+    return f'"{body}"'
+
+
+def systemd_escape(text: str) -> str:
+    """``text`` escaped like ``systemd-escape TEXT`` for one unit-name part, but ``/`` -> ``\\x2f``.
+
+    Every byte outside ``[A-Za-z0-9:_.]`` (and a leading ``.``) becomes ``\\xNN``, so a ``-``
+    cannot split a slice name into a hierarchy. Raises UnitRenderError on an empty string.
+    """
+    if not isinstance(text, str) or not text:
+        raise UnitRenderError(
+            f"cannot escape {text!r} for a unit name: it must be a non-empty string"
+        )
+    out = []
+    for index, char in enumerate(text):
+        if char in _PLAIN and not (index == 0 and char == "."):
+            out.append(char)
+        else:
+            out.extend(f"\\x{byte:02x}" for byte in char.encode("utf-8"))
+    return "".join(out)
+
+
+def slice_name(tenant: str) -> str:
+    """The slice unit of a tenant, ``numafleet-<escaped tenant>.slice``; raises UnitRenderError."""
+    return f"numafleet-{systemd_escape(tenant)}.slice"
+
+
+# --- plan access -------------------------------------------------------------------------------
+
+
+def _get(obj: dict, key: str, kinds: tuple, where: str, required: bool = True):
+    """obj[key] checked against ``kinds`` (None allowed when not required); raises UnitRenderError."""
+    if not isinstance(obj, dict):
+        raise UnitRenderError(f"{where} is not a mapping; {_REPLAN}")
+    if key not in obj or (obj[key] is None and not required):
+        if required:
+            raise UnitRenderError(f"{where} has no {key!r}; {_REPLAN}")
+        return None
+    value = obj[key]
+    wrong_bool = isinstance(value, bool) and bool not in kinds  # JSON true/false is no int
+    if value is None or wrong_bool or not isinstance(value, kinds):
+        names = " or ".join(kind.__name__ for kind in kinds)
+        raise UnitRenderError(f"{where}.{key} is {value!r}, not a {names}; {_REPLAN}")
+    return value
+
+
+def _int_set(values: list, where: str) -> list[int]:
+    if not isinstance(values, list) or not values:
+        raise UnitRenderError(f"{where} is {values!r}, not a non-empty list of numbers; {_REPLAN}")
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise UnitRenderError(f"{where} holds {value!r}, not a CPU or node number; {_REPLAN}")
+    return sorted(set(values))
+
+
+def check_unit_name(name: str, suffix: str, what: str) -> str:
+    """``name`` when it is a valid systemd unit name ending in ``suffix``; raises UnitRenderError."""
+    if (
+        not isinstance(name, str)
+        or not name.endswith(suffix)
+        or len(name) > _UNIT_NAME_MAX
+        or name.startswith(".")
+        or not _UNIT_NAME.match(name)
+    ):
+        raise UnitRenderError(
+            f"{what}: {name!r} is not a systemd {suffix} unit name; write it as systemctl "
+            f"shows it, e.g. vllm{suffix}"
+        )
+    if suffix == ".slice":
+        parts = name[: -len(suffix)].split("-")
+        if "@" in name or not all(parts):
+            raise UnitRenderError(
+                f"{what}: {name!r} is not a valid slice name (dash-separated non-empty parts); "
+                "make it with slice_name()"
+            )
+    return name
+
+
+def check_host_path(option: str, value: str) -> str:
+    """``value`` normalised when it is an absolute path; raises UnitRenderError naming ``option``."""
+    if not isinstance(value, str) or not value.startswith("/"):
+        raise UnitRenderError(
+            f"{option}: {value!r} is not an absolute path; give the path as on the host, "
+            "e.g. /etc/systemd/system (use root for a render directory)"
+        )
+    check_text(value, option)
+    return posixpath.normpath(value)
+
+
+# --- rendering ---------------------------------------------------------------------------------
+
+
+def _header_lines(header: str) -> list[str]:
+    if not isinstance(header, str):
+        raise UnitRenderError(f"header: {header!r} is not a string of # comment lines")
+    lines = header.rstrip("\n").split("\n") if header.strip() else []
+    for line in lines:
+        check_text(line, "header")
+        if line.strip() and not line.lstrip().startswith(("#", ";")):
+            raise UnitRenderError(
+                f"header: line {line!r} is not a comment; start every line with # "
+                '(e.g. header: "{{ ansible_managed | comment }}")'
+            )
+    return lines
+
+
+def _document(header: list[str], sections: list[tuple[str, list[tuple[str, str]]]]) -> str:
+    blocks = ["\n".join(header)] if header else []
+    for name, entries in sections:
+        if entries:
+            blocks.append("\n".join([f"[{name}]"] + [f"{key}={value}" for key, value in entries]))
+    return "\n\n".join(blocks) + "\n"
+
+
+def _mps_instance(placement: dict, where: str) -> Optional[str]:
+    mps = _get(placement, "mps", (dict,), where, required=False)
+    if mps is None:
+        return None
+    pipe_dir = _get(mps, "pipe_dir", (str,), f"{where}.mps")
+    instance = posixpath.basename(pipe_dir.rstrip("/"))
+    if not _INSTANCE.match(instance):
+        raise UnitRenderError(
+            f"{where}.mps.pipe_dir: {pipe_dir!r} does not end in a device UUID usable as the "
+            f"nvidia-mps@ instance; {_REPLAN}"
+        )
+    return f"nvidia-mps@{instance}.service"
+
+
+def _placement_entries(placement: dict, where: str) -> tuple[list, list]:
+    """([Unit] entries for MPS, [Service] pinning entries) shared by services and drop-ins."""
+    unit_entries = []
+    daemon = _mps_instance(placement, where)
+    if daemon:
+        unit_entries = [("After", daemon), ("Requires", daemon)]
+    slice_unit = check_unit_name(
+        _get(placement, "slice", (str,), where), ".slice", f"{where}.slice"
+    )
+    cpus = format_cpulist(_int_set(_get(placement, "cpus", (list,), where), f"{where}.cpus"))
+    mems = format_cpulist(_int_set(_get(placement, "mems", (list,), where), f"{where}.mems"))
+    service = [
+        ("Slice", slice_unit),
+        ("CPUAffinity", cpus),
+        ("NUMAPolicy", "bind"),
+        ("NUMAMask", mems),
+        ("AllowedCPUs", cpus),
+        ("AllowedMemoryNodes", mems),
+    ]
+    environment = _get(placement, "environment", (dict,), where, required=False) or {}
+    for key in sorted(environment, key=str):
+        service.append(
+            ("Environment", quote_environment(key, environment[key], f"{where}.environment"))
+        )
+    service.append(("LimitMEMLOCK", "infinity"))
+    return unit_entries, service
+
+
+def _exec_start(placement: dict, where: str) -> str:
+    argv = _get(placement, "argv", (list,), where)
+    if not argv or not all(isinstance(arg, str) for arg in argv):
+        raise UnitRenderError(
+            f"{where}.argv is {argv!r}, not a non-empty list of strings; {_REPLAN}"
+        )
+    program = argv[0]
+    check_text(program, f"{where}.exec")
+    if not program or program[0] in _EXEC_PREFIXES or ("/" in program and program[0] != "/"):
+        raise UnitRenderError(
+            f"{where}.exec: the program {program!r} must be an absolute path or a plain program "
+            "name, not starting with one of - @ : + ! |; write e.g. /opt/llm/bin/serve"
+        )
+    special = sorted(set(program) & set(_PROGRAM_SPECIAL))
+    if special:
+        raise UnitRenderError(
+            f"{where}.exec: the program {program!r} holds {' '.join(special)}, which systemd "
+            "does not take in the program path of ExecStart=; run it through a wrapper script "
+            "or a symlink with a plain path"
+        )
+    return " ".join(quote_exec_arg(arg, f"{where}.exec") for arg in argv)
+
+
+def _render_service(placement: dict, where: str, header: list[str], hardening: bool) -> str:
+    name = _get(placement, "name", (str,), where)
+    description = _get(placement, "description", (str,), where, required=False)
+    unit_entries, pinning = _placement_entries(placement, where)
+    service = [("Type", "simple"), ("ExecStart", _exec_start(placement, where))]
+    for key in ("user", "group"):
+        value = _get(placement, key, (str,), where, required=False)
+        if value:
+            service.append((key.capitalize(), escape_specifiers(value, f"{where}.{key}")))
+    service.extend(pinning)
+    service.append(("Restart", "on-failure"))
+    if hardening:
+        service.extend(HARDENING)
+    text = description or f"numafleet placement {name}"
+    unit = [("Description", escape_specifiers(text, f"{where}.description"))] + unit_entries
+    return _document(
+        header,
+        [("Unit", unit), ("Service", service), ("Install", [("WantedBy", "multi-user.target")])],
+    )
+
+
+def _render_slice(tenant: dict, where: str, header: list[str]) -> str:
+    name = _get(tenant, "name", (str,), where)
+    description = _get(tenant, "description", (str,), where, required=False)
+    text = description or f"numafleet tenant {name}"
+    entries = [
+        (
+            "AllowedCPUs",
+            format_cpulist(_int_set(_get(tenant, "cpus", (list,), where), f"{where}.cpus")),
+        ),
+        (
+            "AllowedMemoryNodes",
+            format_cpulist(_int_set(_get(tenant, "mems", (list,), where), f"{where}.mems")),
+        ),
+    ]
+    memory_max_kb = _get(tenant, "memory_max_kb", (int,), where, required=False)
+    if memory_max_kb is not None:
+        if memory_max_kb < 0:
+            raise UnitRenderError(f"{where}.memory_max_kb is {memory_max_kb}, below 0; {_REPLAN}")
+        entries.append(("MemoryMax", str(memory_max_kb * 1024)))
+    unit = [("Description", escape_specifiers(text, f"{where}.description"))]
+    return _document(header, [("Unit", unit), ("Slice", entries)])
+
+
+def _host_prefix(plan: dict) -> str:
+    host = plan.get("host") if isinstance(plan, dict) else None
+    return f"host {host}: " if isinstance(host, str) and host else ""
+
+
+def render_files(
+    plan: dict,
+    header: str = DEFAULT_HEADER,
+    hardening_default: bool = True,
+    unit_dir: str = DEFAULT_UNIT_DIR,
+) -> dict[str, str]:
+    """{path as on the host: text} of every service, drop-in and tenant slice; raises UnitRenderError."""
+    prefix = _host_prefix(plan)
+    try:
+        return _render_files(plan, header, hardening_default, unit_dir)
+    except UnitRenderError as exc:
+        if prefix and not str(exc).startswith(prefix):
+            raise UnitRenderError(f"{prefix}{exc}") from None
+        raise
+
+
+def _render_files(
+    plan: dict, header: str, hardening_default: bool, unit_dir: str
+) -> dict[str, str]:
+    unit_dir = check_host_path("unit_dir", unit_dir)
+    lines = _header_lines(header)
+    if not isinstance(plan, dict):
+        raise UnitRenderError(f"plan is {type(plan).__name__}, not a mapping; {_REPLAN}")
+    version = plan.get("version")
+    if version != PLAN_VERSION:
+        raise UnitRenderError(
+            f"plan version is {version!r}; this collection renders version {PLAN_VERSION}: "
+            "plan again with the numafleet.tuning.numa_plan of the same collection release"
+        )
+    files: dict[str, str] = {}
+
+    def add(path: str, text: str, what: str) -> None:
+        if path in files:
+            raise UnitRenderError(
+                f"{what}: {path} is already written for another entry of the plan"
+            )
+        files[path] = text
+
+    placements = _get(plan, "placements", (list,), "plan")
+    for index, placement in enumerate(placements):
+        name = placement.get("name") if isinstance(placement, dict) else None
+        where = f"plan placements[{index}] ({name})" if name else f"plan placements[{index}]"
+        kind = _get(placement, "unit_kind", (str,), where)
+        if kind == "service":
+            unit = check_unit_name(
+                _get(placement, "unit", (str,), where), ".service", f"{where}.unit"
+            )
+            hardening = _get(placement, "hardening", (bool,), where, required=False)
+            text = _render_service(
+                placement, where, lines, hardening_default if hardening is None else hardening
+            )
+            add(posixpath.join(unit_dir, unit), text, where)
+        elif kind == "dropin":
+            unit = check_unit_name(
+                _get(placement, "unit", (str,), where), ".service", f"{where}.unit"
+            )
+            unit_entries, service = _placement_entries(placement, where)
+            text = _document(lines, [("Unit", unit_entries), ("Service", service)])
+            add(posixpath.join(unit_dir, f"{unit}.d", DROPIN_NAME), text, where)
+        else:
+            raise UnitRenderError(
+                f"{where}.unit_kind is {kind!r}, not service or dropin; {_REPLAN}"
+            )
+    tenants = _get(plan, "tenants", (list,), "plan", required=False) or []
+    for index, tenant in enumerate(tenants):
+        name = tenant.get("name") if isinstance(tenant, dict) else None
+        where = f"plan tenants[{index}] ({name})" if name else f"plan tenants[{index}]"
+        if not _get(tenant, "placements", (list,), where, required=False):
+            continue
+        unit = check_unit_name(_get(tenant, "slice", (str,), where), ".slice", f"{where}.slice")
+        add(posixpath.join(unit_dir, unit), _render_slice(tenant, where, lines), where)
+    return dict(sorted(files.items()))
+
+
+# --- changes -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FileChange:
+    """One managed file: ``state`` is create, update, remove or unchanged; texts None when absent."""
+
+    path: str
+    state: str
+    before: Optional[str]
+    after: Optional[str]
+
+    def as_dict(self) -> dict:
+        """{"path", "state"} for the module's result."""
+        return {"path": self.path, "state": self.state}
+
+    def as_diff(self) -> dict:
+        """One entry of Ansible's diff list."""
+        return {
+            "before_header": self.path,
+            "after_header": self.path,
+            "before": self.before or "",
+            "after": self.after or "",
+        }
+
+
+def plan_changes(
+    current: dict[str, Optional[str]], desired: dict[str, str], manifest_owned: list[str]
+) -> list[FileChange]:
+    """Changes per path, sorted: desired files created/updated/unchanged, owned ones no longer desired removed.
+
+    ``current`` maps each path (desired or owned) to its text on disk, None when absent; an owned
+    file already gone needs nothing and is left out.
+    """
+    changes = []
+    for path in sorted(set(desired) | set(manifest_owned)):
+        before = current.get(path)
+        if path in desired:
+            after = desired[path]
+            state = "create" if before is None else "unchanged" if before == after else "update"
+            changes.append(FileChange(path, state, before, after))
+        elif before is not None:
+            changes.append(FileChange(path, "remove", before, None))
+    return changes
+
+
+def unit_of(path: str) -> str:
+    """The unit a managed path configures: the file's name, or ``X.service`` for ``X.service.d/...``."""
+    parent, base = posixpath.split(path)
+    if base == DROPIN_NAME and parent.endswith(".d"):
+        return posixpath.basename(parent)[:-2]
+    return base
+
+
+def is_dropin(path: str) -> bool:
+    """Whether ``path`` is a numafleet drop-in (``<unit>.d/50-numafleet.conf``)."""
+    parent, base = posixpath.split(path)
+    return base == DROPIN_NAME and parent.endswith(".d")
+
+
+@dataclass(frozen=True)
+class Actions:
+    """What the service manager has to do after ``changes``, and the lists reported by the module."""
+
+    units: dict
+    slices: dict
+    reload_needed: bool
+    disable: tuple
+    restart: tuple
+    start: tuple
+
+    def would_run(self) -> list[str]:
+        """The systemctl command lines, in the order they are to run."""
+        lines = [f"systemctl disable --now {unit}" for unit in self.disable]
+        if self.reload_needed:
+            lines.append("systemctl daemon-reload")
+        lines.extend(f"systemctl restart {unit}" for unit in self.restart)
+        lines.extend(f"systemctl enable --now {unit}" for unit in self.start)
+        return lines
+
+
+_UNIT_STATE = {"create": "new", "update": "changed", "remove": "removed", "unchanged": "unchanged"}
+
+
+def plan_actions(changes: list[FileChange]) -> Actions:
+    """Units and slices by state, and the services to disable, restart and start; no I/O."""
+    units: dict = {state: [] for state in ("new", "changed", "removed", "unchanged")}
+    slices: dict = {state: [] for state in ("new", "changed", "removed", "unchanged")}
+    disable, restart, start = [], [], []
+    for change in changes:
+        unit, state = unit_of(change.path), _UNIT_STATE[change.state]
+        if unit.endswith(".slice"):
+            slices[state].append(unit)
+            continue
+        units[state].append(unit)
+        if is_dropin(change.path):
+            if state != "unchanged":
+                restart.append(unit)  # the user's unit: never enabled or disabled here
+        elif state == "new":
+            start.append(unit)
+        elif state == "changed":
+            restart.append(unit)
+        elif state == "removed":
+            disable.append(unit)
+    return Actions(
+        units={state: sorted(names) for state, names in units.items()},
+        slices={state: sorted(names) for state, names in slices.items()},
+        reload_needed=any(change.state != "unchanged" for change in changes),
+        disable=tuple(sorted(disable)),
+        restart=tuple(sorted(restart)),
+        start=tuple(sorted(start)),
+    )
+
+
+def disable_argv(systemctl: str, timeout: Optional[str], unit: str) -> list[str]:
+    """argv of ``systemctl disable --now <unit>``, under coreutils ``timeout`` when given."""
+    command = [systemctl, "disable", "--now", unit]
+    if timeout is None:
+        return command
+    return [timeout, f"--kill-after={_KILL_AFTER_S}", str(STOP_TIMEOUT_S)] + command
+
+
+# --- manifest ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The manifest on disk: its text (None when absent) and the files it lists."""
+
+    path: str
+    text: Optional[str]
+    files: tuple
+
+
+def manifest_text(desired: dict[str, str]) -> str:
+    """Manifest JSON for ``desired``: version, sorted files and the units they configure."""
+    data = {
+        "version": MANIFEST_VERSION,
+        "files": sorted(desired),
+        "units": sorted({unit_of(path) for path in desired}),
+    }
+    return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+
+def _manifest_file_ok(path) -> bool:
+    if not isinstance(path, str) or not path.startswith("/") or posixpath.normpath(path) != path:
+        return False
+    name = posixpath.basename(path)
+    return is_dropin(path) or (name.endswith((".service", ".slice")) and len(name) > 8)
+
+
+def parse_manifest(text: str, path: str) -> tuple:
+    """Sorted files listed by a manifest's text; raises UnitFileError when it is malformed."""
+    fix = (
+        "Restore it from the last run, or remove it (the files it listed then stay in place "
+        "and are no longer removed when their placement goes)"
+    )
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise UnitFileError(path, f"is not JSON ({exc})", fix) from None
+    if not isinstance(data, dict) or data.get("version") != MANIFEST_VERSION:
+        raise UnitFileError(path, f"is not a version {MANIFEST_VERSION} numafleet manifest", fix)
+    files = data.get("files")
+    if not isinstance(files, list):
+        raise UnitFileError(path, "has no list of files", fix)
+    for entry in files:
+        if not _manifest_file_ok(entry):
+            raise UnitFileError(
+                path, f"lists {entry!r}, which is not a unit, slice or drop-in path", fix
+            )
+    return tuple(sorted(set(files)))
+
+
+# --- I/O ---------------------------------------------------------------------------------------
+
+
+def under_root(root: str, path: str) -> str:
+    """Where the host path ``path`` lies below ``root`` ("/" = the host itself)."""
+    return os.path.join(root, path.lstrip("/"))
+
+
+def _read_text(root: str, path: str) -> Optional[str]:
+    real = under_root(root, path)
+    if not os.path.lexists(real):
+        return None
+    if not os.path.isfile(real):
+        raise UnitFileError(
+            real, "is not a regular file", "Move it away; numafleet writes a file here"
+        )
+    try:
+        with open(real, encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except OSError as exc:
+        raise UnitFileError(
+            real, exc.strerror or "cannot be read", "Check its permissions"
+        ) from None
+
+
+def read_files(root: str, paths) -> dict[str, Optional[str]]:
+    """{host path: text or None when absent} of ``paths`` below ``root``; raises UnitFileError."""
+    return {path: _read_text(root, path) for path in sorted(paths)}
+
+
+def read_manifest(root: str, manifest_path: str = DEFAULT_MANIFEST_PATH) -> Manifest:
+    """The manifest at ``manifest_path`` below ``root`` (files () when absent); raises UnitFileError."""
+    text = _read_text(root, manifest_path)
+    files = () if text is None else parse_manifest(text, under_root(root, manifest_path))
+    return Manifest(manifest_path, text, files)
+
+
+def plan_manifest(manifest: Manifest, desired: dict[str, str]) -> Optional[FileChange]:
+    """The manifest's change for ``desired``; None when there is none and nothing to record."""
+    after = manifest_text(desired)
+    if manifest.text is None:
+        return FileChange(manifest.path, "create", None, after) if desired else None
+    state = "unchanged" if manifest.text == after else "update"
+    return FileChange(manifest.path, state, manifest.text, after)
+
+
+def _write_atomic(real: str, text: str) -> None:
+    fix = "Check that the directory is writable, or set root/unit_dir to one that is"
+    parent = os.path.dirname(real)
+    try:
+        os.makedirs(parent, mode=DIR_MODE, exist_ok=True)
+        handle, tmp = tempfile.mkstemp(
+            prefix=f".{os.path.basename(real)}.", suffix=".tmp", dir=parent
+        )
+    except OSError as exc:
+        raise UnitFileError(parent, exc.strerror or "cannot be created", fix) from None
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(tmp, FILE_MODE)
+        os.replace(tmp, real)
+    except OSError as exc:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        raise UnitFileError(real, exc.strerror or "cannot be written", fix) from None
+
+
+def _remove(real: str) -> None:
+    try:
+        os.unlink(real)
+        parent = os.path.dirname(real)
+        if parent.endswith(".d") and not os.listdir(parent):
+            os.rmdir(parent)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise UnitFileError(
+            real, exc.strerror or "cannot be removed", "Check its permissions"
+        ) from None
+
+
+def write_files(root: str, changes: list[FileChange]) -> None:
+    """Apply ``changes`` below ``root``: atomic writes (mode 0644), removals, empty .d dirs removed.
+
+    Raises UnitFileError.
+    """
+    for change in changes:
+        real = under_root(root, change.path)
+        if change.state in ("create", "update"):
+            _write_atomic(real, change.after or "")
+        elif change.state == "remove":
+            _remove(real)
+
+
+def write_manifest(root: str, change: Optional[FileChange]) -> None:
+    """Write the manifest change from ``plan_manifest`` (nothing for None/unchanged); raises UnitFileError."""
+    if change is not None:
+        write_files(root, [change])

@@ -1,0 +1,237 @@
+#!/usr/bin/python
+# Copyright: numafleet.tuning contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+from __future__ import annotations
+
+# Documentation only: numa_plan is an action plugin (plugins/action/numa_plan.py) that runs on the
+# controller; nothing of it is sent to the managed host.
+
+DOCUMENTATION = r"""
+module: numa_plan
+short_description: Plan where each model service runs (NUMA node, CPUs, memory, GPUs, MIG, MPS)
+version_added: 0.2.0
+author: numafleet.tuning contributors (@numafleet)
+description:
+  - Turns a host's placements (O(placements), usually the host variable C(numafleet_placements))
+    into a plan from the host's topology facts, and publishes it as
+    RV(ansible_facts.numafleet_plan). The plan is what the roles apply (for example
+    C(numafleet.tuning.pinned_services)).
+  - Runs on the controller only. No module is sent to the host and nothing on the host is read or
+    changed. The facts come from M(numafleet.tuning.numa_facts) and
+    M(numafleet.tuning.gpu_topology_facts), which must run first.
+  - Placements are planned in declaration order and greedily, so appending a placement never moves
+    the ones before it. Whole-GPU requests go to one NUMA node that holds enough free GPUs with
+    known locality, enough whole cores, memory budget and hugepage capacity; among fitting nodes
+    the one left least fragmented wins. Multi-GPU requests prefer GPUs under one PCIe switch, then
+    NVLink-connected sets. CPUs are whole cores (SMT siblings together), never reserved, isolated,
+    offline or already given. Memory binds to the CPU node, or to the nearest node with memory
+    when the CPU node has none.
+  - Explicit pins (GPU addresses or UUIDs in C(gpus), a NUMA node in C(node), a cpulist in
+    C(cpus)) are honoured and validated. A GPU whose NUMA locality is unknown is used
+    only when pinned or when no known-locality GPU fits, and the plan then carries a warning.
+  - Input that is malformed or cannot fit fails the task with one message that names the host, the
+    variable (for example numafleet_placements[2] (llm-70b).memory), what is wrong, and the fix;
+    infeasible plans list what is free per node. Nothing is planned for that host.
+  - Check mode computes the same plan.
+options:
+  numa:
+    description:
+      - The host's NUMA facts, as returned by M(numafleet.tuning.numa_facts).
+      - Defaults to C(ansible_facts.numa) of the host; the task fails when neither is set.
+    type: dict
+  gpu_topology:
+    description:
+      - The host's GPU facts, as returned by M(numafleet.tuning.gpu_topology_facts).
+      - Defaults to C(ansible_facts.gpu_topology) of the host, or no GPUs when that is not set.
+    type: dict
+  placements:
+    description:
+      - The placements to plan, a list of dicts with the keys C(name), C(tenant), C(exec) or
+        C(unit), C(user), C(group), C(description), C(gpus), C(cpus), C(node), C(memory),
+        C(hugepages), C(environment), C(mig_profile), C(mps), C(allow_span) and C(hardening); see
+        the collection README for each key.
+      - Usually the host variable C(numafleet_placements), which the planner's messages name.
+        V(null) means none.
+    type: raw
+    default: []
+  tenants:
+    description:
+      - The tenants placements may name, a list of dicts with C(name), optional C(memory_max) and
+        C(description). Each tenant becomes a slice C(numafleet-<name>.slice).
+      - Usually the host variable C(numafleet_tenants). V(null) means none.
+    type: raw
+    default: []
+  reserved_cpus:
+    description:
+      - CPUs never given to a placement (kernel cpulist text such as V(0-1,64-65)), for
+        housekeeping and interrupts. Usually the host variable C(numafleet_reserved_cpus).
+      - Reserving every online CPU of a NUMA node is an error.
+    type: raw
+    default: ""
+  memory_headroom_pct:
+    description:
+      - Percentage of each NUMA node's memory kept free when planning (0 to 90).
+      - Usually the host variable C(numafleet_memory_headroom_pct).
+    type: raw
+    default: 15
+  host:
+    description:
+      - Host name used in the plan and in messages. Defaults to C(inventory_hostname).
+    type: str
+extends_documentation_fragment:
+  - action_common_attributes
+  - action_common_attributes.conn
+  - action_common_attributes.flow
+  - action_common_attributes.facts
+  - numafleet.tuning._attributes
+attributes:
+  action:
+    support: full
+  async:
+    support: none
+  become:
+    support: none
+  bypass_host_loop:
+    support: none
+  connection:
+    support: none
+  check_mode:
+    support: full
+    details: The same plan is computed in check mode.
+  delegation:
+    support: none
+    details: The plan is computed on the controller anyway; delegation changes nothing.
+  diff_mode:
+    support: none
+  facts:
+    support: full
+  idempotent:
+    support: full
+  platform:
+    platforms: all
+notes:
+  - The planner is deterministic; the same facts and inputs give the same plan on every run.
+seealso:
+  - module: numafleet.tuning.numa_facts
+  - module: numafleet.tuning.gpu_topology_facts
+  - module: numafleet.tuning.pinned_units
+"""
+
+EXAMPLES = r"""
+- name: Gather NUMA topology
+  numafleet.tuning.numa_facts:
+
+- name: Gather GPU topology
+  numafleet.tuning.gpu_topology_facts:
+
+- name: Plan this host's placements
+  numafleet.tuning.numa_plan:
+    placements: "{{ numafleet_placements | default([]) }}"
+    tenants: "{{ numafleet_tenants | default([]) }}"
+    reserved_cpus: "{{ numafleet_reserved_cpus | default('') }}"
+    memory_headroom_pct: "{{ numafleet_memory_headroom_pct | default(15) }}"
+  register: plan
+
+- name: Print one line per host
+  ansible.builtin.debug:
+    msg: "{{ plan.summary }}"
+
+- name: Plan inline placements
+  numafleet.tuning.numa_plan:
+    placements:
+      - name: llm-70b
+        exec: /opt/vllm/bin/vllm serve /srv/models/llama-3-70b --port 8000
+        user: vllm
+        gpus: 2
+        cpus: 16
+        memory: 64G
+        hugepages: {size: 2M, count: 8192}
+      - name: embed
+        exec: /opt/tei/bin/text-embeddings-router --port 8081
+        mig_profile: 1g.10gb
+        cpus: 4
+        memory: 8G
+
+- name: Show the CPUs of each placement
+  ansible.builtin.debug:
+    msg: "{{ item.name }}: node {{ item.node }} cpus {{ item.cpus | numafleet.tuning.cpulist }}"
+  loop: "{{ ansible_facts.numafleet_plan.placements }}"
+"""
+
+RETURN = r"""
+summary:
+  description: One line describing the plan (placements, node, CPUs, GPUs, warnings).
+  returned: success
+  type: str
+  sample: "gpu-a100-01: 2 placements: llm-70b node1 cpus 32-39,96-103 gpus b1:00.0,ca:00.0; embed node0 cpus 2-3,66-67 gpus 17:00.0 (MIG 1g.10gb); 0 warnings"
+ansible_facts:
+  description: Facts published by the action.
+  returned: success
+  type: dict
+  contains:
+    numafleet_plan:
+      description:
+        - The plan, JSON-ready with sorted lists.
+      returned: success
+      type: dict
+      contains:
+        version:
+          description: Version of the plan's shape.
+          type: int
+          sample: 1
+        host:
+          description: The host the plan is for.
+          type: str
+          sample: gpu-a100-01
+        reserved_cpus:
+          description: Reserved CPUs, sorted.
+          type: list
+          elements: int
+          sample: [0, 1]
+        memory_headroom_pct:
+          description: Per-node memory headroom used.
+          type: int
+          sample: 15
+        placements:
+          description:
+            - One entry per placement, in declaration order, with C(name), C(index), C(unit),
+              C(unit_kind) (V(service) or V(dropin)), C(exec), C(argv), C(description), C(user),
+              C(group), C(tenant), C(slice), C(node), C(nodes), C(spans), C(cpus),
+              C(cpus_requested), C(mems), C(memory_kb), C(hugepages), C(gpus),
+              C(cuda_visible_devices), C(mps), C(environment), C(hardening) and C(warnings).
+          type: list
+          elements: dict
+          sample:
+            - name: llm-70b
+              index: 0
+              unit: numafleet-llm-70b.service
+              unit_kind: service
+              node: 1
+              nodes: [1]
+              spans: false
+              cpus: [32, 33, 34, 35, 96, 97, 98, 99]
+              mems: [1]
+              memory_kb: 67108864
+              cuda_visible_devices: GPU-27a1a97b-100a-5f4e-9236-eb21e9fcfce0
+        tenants:
+          description: Tenants with their slice, memory limit, CPU and memory-node unions and placements.
+          type: list
+          elements: dict
+        nodes:
+          description: Per NUMA node, the memory budget, planned memory, usable and planned CPUs, hugepage pools and GPUs.
+          type: list
+          elements: dict
+        gpus:
+          description: Per GPU, how it is used (V(whole), V(mig), V(mps) or V(free)), by which placements, and its MIG layout or MPS daemon.
+          type: list
+          elements: dict
+        mps_daemons:
+          description: One entry per MPS daemon the plan needs (device UUID, pipe and log directories, clients).
+          type: list
+          elements: dict
+        warnings:
+          description: Warnings of the plan, for example a GPU with unknown NUMA locality.
+          type: list
+          elements: str
+"""

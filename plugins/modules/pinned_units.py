@@ -1,0 +1,335 @@
+#!/usr/bin/python
+# Copyright: numafleet.tuning contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: pinned_units
+short_description: Write the systemd units, drop-ins and tenant slices of a NUMA placement plan
+version_added: 0.2.0
+author: numafleet.tuning contributors (@numafleet)
+description:
+  - Renders the plan made by M(numafleet.tuning.numa_plan) into systemd files and writes them
+    below O(root) in O(unit_dir) (default C(/etc/systemd/system)), C(numafleet-<name>.service) for
+    a placement with C(exec), C(<unit>.d/50-numafleet.conf) for a placement that names an existing
+    C(unit), and C(numafleet-<tenant>.slice) for every tenant that has placements.
+  - Services and drop-ins pin the process with C(CPUAffinity=), C(NUMAPolicy=bind),
+    C(NUMAMask=), C(AllowedCPUs=) and C(AllowedMemoryNodes=), put it in its tenant's slice
+    (C(Slice=)), set C(Environment=) (C(CUDA_VISIBLE_DEVICES) and the MPS variables among them)
+    and C(LimitMEMLOCK=infinity). Services run C(Type=simple) with C(Restart=on-failure) and,
+    with O(hardening), a set of sandboxing settings that leaves C(/dev) alone. Placements that use
+    MPS get C(Requires=) and C(After=) on C(nvidia-mps@<device>.service).
+  - Tenant slices set C(AllowedCPUs=) and C(AllowedMemoryNodes=) to the union of their
+    placements, and C(MemoryMax=) when the tenant has a memory limit.
+  - Values are escaped for systemd (C(%) as C(%%), C($) as C($$) in C(ExecStart=), quotes and
+    backslashes in quoted words); a value with a control character, newlines included, fails the
+    module instead of being written.
+  - The files written are recorded in the manifest O(manifest_path) (JSON). A file listed there
+    that the plan no longer asks for is removed, and its C(.d) directory when that is left empty;
+    other files in O(unit_dir) are never touched.
+  - With O(service_manager=systemd), a removed C(numafleet-*.service) is first stopped and
+    disabled with C(systemctl disable --now <unit>). Reloading, restarting and starting are left to
+    the caller's handlers, through RV(reload_needed), RV(handler_restart) and RV(handler_start).
+  - Files are written atomically (a temporary file renamed over the old one), mode C(0644).
+options:
+  plan:
+    description:
+      - The plan of one host, the C(numafleet_plan) fact set by M(numafleet.tuning.numa_plan).
+      - It is used as it is; a plan that lacks a key or has a value systemd cannot take fails the
+        module with a message that names the placement and the key.
+    type: dict
+    required: true
+  root:
+    description:
+      - Directory that stands for C(/) of the host. Every file is written, read and removed below it.
+      - Set it to a scratch directory to render the files without touching the host (render mode),
+        together with O(service_manager=none).
+    type: path
+    default: /
+  unit_dir:
+    description:
+      - Directory of the unit files, as on the host (below O(root)). It must be an absolute path.
+    type: path
+    default: /etc/systemd/system
+  manifest_path:
+    description:
+      - Path, as on the host (below O(root)), of the JSON manifest listing the files this module
+        wrote. It must be an absolute path.
+      - Removing the manifest makes the module forget its files; they are then no longer removed
+        when their placement goes.
+    type: path
+    default: /etc/numafleet/manifest.json
+  header:
+    description:
+      - Comment block written as the first lines of every file, for example
+        C({{ ansible_managed | comment }}). Every line must start with C(#) or C(;).
+      - An empty string writes no header.
+    type: str
+    default: "# Managed by numafleet.tuning"
+  hardening:
+    description:
+      - Whether C(numafleet-*.service) units get the sandboxing settings C(NoNewPrivileges=yes),
+        C(ProtectSystem=full), C(ProtectHome=read-only), C(PrivateTmp=yes),
+        C(ProtectKernelTunables=yes), C(ProtectKernelModules=yes), C(ProtectControlGroups=yes),
+        C(RestrictSUIDSGID=yes), C(LockPersonality=yes) and C(RestrictRealtime=yes).
+      - A placement's own C(hardening) in the plan wins over this default. Drop-ins never get them.
+    type: bool
+    default: true
+  service_manager:
+    description:
+      - V(systemd) stops and disables removed C(numafleet-*.service) units with C(systemctl) and
+        fills RV(handler_restart) and RV(handler_start).
+      - V(none) only writes files and never runs C(systemctl), for render mode; RV(would_run) still
+        lists what systemd would have to do.
+    type: str
+    choices: [systemd, none]
+    default: systemd
+extends_documentation_fragment:
+  - numafleet.tuning._attributes
+attributes:
+  check_mode:
+    support: full
+    details: In check mode the files are rendered and compared, nothing is written or run.
+  diff_mode:
+    support: full
+    details: The diff holds one entry per file that is created, changed or removed, the manifest included.
+  idempotent:
+    support: full
+requirements:
+  - C(systemctl) on the target when O(service_manager=systemd) and a unit has to be removed.
+notes:
+  - Changes of C(AllowedCPUs=) and the other pinning settings take effect when systemd has reloaded
+    its configuration and the service has been restarted; the module does neither (see RV(would_run)).
+  - With O(root) other than C(/), use O(service_manager=none); C(systemctl) acts on the running host.
+seealso:
+  - module: numafleet.tuning.numa_plan
+  - module: numafleet.tuning.numa_facts
+  - module: numafleet.tuning.gpu_topology_facts
+"""
+
+EXAMPLES = r"""
+- name: Write the pinned units of this host's plan
+  numafleet.tuning.pinned_units:
+    plan: "{{ numafleet_plan }}"
+    header: "{{ ansible_managed | comment }}"
+  register: pinned
+
+- name: Reload systemd and restart the services whose pinning changed
+  ansible.builtin.systemd_service:
+    name: "{{ item }}"
+    state: restarted
+    daemon_reload: true
+  loop: "{{ pinned.handler_restart }}"
+
+- name: Render the files into a scratch directory instead of the host
+  numafleet.tuning.pinned_units:
+    plan: "{{ numafleet_plan }}"
+    root: /tmp/render/{{ inventory_hostname }}
+    service_manager: none
+  register: rendered
+
+- name: Show what systemd would have to do
+  ansible.builtin.debug:
+    var: rendered.would_run
+"""
+
+RETURN = r"""
+files:
+  description:
+    - Every file the module manages, as on the host (below O(root)), sorted by path, the manifest
+      last, with what happened to it (or would happen, in check mode).
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    path:
+      description: Path of the file as on the host.
+      returned: always
+      type: str
+      sample: /etc/systemd/system/numafleet-llm-70b.service
+    state:
+      description: V(create), V(update), V(remove) or V(unchanged).
+      returned: always
+      type: str
+      sample: create
+  sample:
+    - path: /etc/systemd/system/numafleet-llm-70b.service
+      state: create
+    - path: /etc/numafleet/manifest.json
+      state: create
+units:
+  description:
+    - Services whose C(numafleet-*.service) file or C(50-numafleet.conf) drop-in is new, changed,
+      removed or unchanged.
+    - A removed C(numafleet-*.service) is stopped and disabled; a unit whose drop-in is new,
+      changed or removed keeps its own enablement and is listed in RV(handler_restart).
+  returned: always
+  type: dict
+  contains:
+    new:
+      description: Units whose file or drop-in is created.
+      returned: always
+      type: list
+      elements: str
+      sample: [numafleet-llm-70b.service]
+    changed:
+      description: Units whose file or drop-in is rewritten.
+      returned: always
+      type: list
+      elements: str
+      sample: [vllm.service]
+    removed:
+      description: Units whose file or drop-in is removed.
+      returned: always
+      type: list
+      elements: str
+      sample: []
+    unchanged:
+      description: Units whose file or drop-in is already as planned.
+      returned: always
+      type: list
+      elements: str
+      sample: []
+slices:
+  description: Tenant slices (C(numafleet-<tenant>.slice)) by state, as in RV(units).
+  returned: always
+  type: dict
+  contains:
+    new:
+      description: Slices whose file is created.
+      returned: always
+      type: list
+      elements: str
+      sample: ['numafleet-team\x2da.slice']
+    changed:
+      description: Slices whose file is rewritten.
+      returned: always
+      type: list
+      elements: str
+      sample: []
+    removed:
+      description: Slices whose file is removed.
+      returned: always
+      type: list
+      elements: str
+      sample: []
+    unchanged:
+      description: Slices whose file is already as planned.
+      returned: always
+      type: list
+      elements: str
+      sample: []
+reload_needed:
+  description: Whether a unit, drop-in or slice file was (or would be) created, changed or removed,
+    so that systemd has to reload its configuration.
+  returned: always
+  type: bool
+  sample: true
+would_run:
+  description:
+    - The C(systemctl) commands that bring the running services in line with the files, in order
+      (C(disable --now) removed services, C(daemon-reload), C(restart) changed ones, C(enable --now)
+      new ones), whatever O(service_manager) and check mode.
+  returned: always
+  type: list
+  elements: str
+  sample: [systemctl daemon-reload, systemctl enable --now numafleet-llm-70b.service]
+ran:
+  description: The commands the module ran (only C(systemctl disable --now) of removed services).
+  returned: always
+  type: list
+  elements: str
+  sample: [systemctl disable --now numafleet-old.service]
+handler_restart:
+  description:
+    - Units to restart after a C(daemon-reload), for the caller's handlers.
+    - Empty in check mode and with O(service_manager=none).
+  returned: always
+  type: list
+  elements: str
+  sample: [vllm.service]
+handler_start:
+  description:
+    - New C(numafleet-*.service) units to enable and start after a C(daemon-reload).
+    - Empty in check mode and with O(service_manager=none).
+  returned: always
+  type: list
+  elements: str
+  sample: [numafleet-llm-70b.service]
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import units
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import NumaTuneError
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=dict(
+            plan=dict(type="dict", required=True),
+            root=dict(type="path", default="/"),
+            unit_dir=dict(type="path", default=units.DEFAULT_UNIT_DIR),
+            manifest_path=dict(type="path", default=units.DEFAULT_MANIFEST_PATH),
+            header=dict(type="str", default=units.DEFAULT_HEADER),
+            hardening=dict(type="bool", default=True),
+            service_manager=dict(type="str", choices=["systemd", "none"], default="systemd"),
+        ),
+        supports_check_mode=True,
+    )
+    params = module.params
+    root, systemd = params["root"], params["service_manager"] == "systemd"
+    ran = []
+    try:
+        unit_dir = units.check_host_path("unit_dir", params["unit_dir"])
+        manifest_path = units.check_host_path("manifest_path", params["manifest_path"])
+        desired = units.render_files(
+            params["plan"], params["header"], params["hardening"], unit_dir
+        )
+        manifest = units.read_manifest(root, manifest_path)
+        current = units.read_files(root, set(desired) | set(manifest.files))
+        changes = units.plan_changes(current, desired, list(manifest.files))
+        manifest_change = units.plan_manifest(manifest, desired)
+        actions = units.plan_actions(changes)
+        if not module.check_mode:
+            if systemd and actions.disable:
+                systemctl = module.get_bin_path("systemctl", required=True)
+                timeout = module.get_bin_path("timeout")
+                for unit in actions.disable:
+                    argv = units.disable_argv(systemctl, timeout, unit)
+                    rc, dummy, err = module.run_command(
+                        argv, environ_update={"LC_ALL": "C", "LANG": "C"}
+                    )
+                    if rc != 0:
+                        module.fail_json(
+                            msg=f"systemctl disable --now {unit} failed (rc {rc}): {err.strip()}; "
+                            "its unit file is kept: stop the unit by hand and run again",
+                            ran=ran,
+                        )
+                    ran.append(f"systemctl disable --now {unit}")
+            units.write_files(root, changes)
+            units.write_manifest(root, manifest_change)
+    except NumaTuneError as exc:
+        module.fail_json(msg=str(exc), ran=ran)
+
+    every = changes + ([manifest_change] if manifest_change else [])
+    handlers = systemd and not module.check_mode
+    result = dict(
+        changed=any(change.state != "unchanged" for change in every),
+        files=[change.as_dict() for change in every],
+        units=actions.units,
+        slices=actions.slices,
+        reload_needed=actions.reload_needed,
+        would_run=actions.would_run(),
+        ran=ran,
+        handler_restart=list(actions.restart) if handlers else [],
+        handler_start=list(actions.start) if handlers else [],
+    )
+    if module._diff:
+        result["diff"] = [change.as_diff() for change in every if change.state != "unchanged"]
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

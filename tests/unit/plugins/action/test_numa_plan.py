@@ -1,0 +1,115 @@
+"""The numa_plan action plugin: defaults from facts, the plan fact, errors, check mode.
+
+The plugin runs on the controller only, so it is driven here as the task executor would: an
+ActionModule with the task's args, a connection it never uses, and the task vars.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import trees  # tests/unit/fixtures/trees.py (on sys.path through tests/unit/conftest.py)
+from ansible.errors import AnsibleActionFail
+
+from ansible_collections.numafleet.tuning.plugins.action.numa_plan import ActionModule
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import gpu
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa.sysfs import Reader
+
+SYSFS = Path(__file__).resolve().parents[2] / "fixtures" / "sysfs"
+A100 = "synthetic-2x6338-4xa100"
+
+
+@pytest.fixture(scope="module")
+def a100_facts(fixture_root):
+    numa = json.loads((SYSFS / f"{A100}.numa.json").read_text(encoding="utf-8"))
+    root = fixture_root(A100)
+    state = gpu.read_snapshot(str(trees.GPU_SNAPSHOT_DIR / f"{A100}.json"))
+    topology = gpu.read_gpu_topology(Reader(f"{root}/sys", f"{root}/proc"), state)
+    return {"numa": numa, "gpu_topology": json.loads(json.dumps(topology))}
+
+
+def run_action(args, facts, check_mode=False, host="gpu-a100-01"):
+    task = SimpleNamespace(
+        args=dict(args), async_val=0, check_mode=check_mode, action="numafleet.tuning.numa_plan"
+    )
+    connection = SimpleNamespace(_shell=SimpleNamespace(tmpdir=None))
+    action = ActionModule(task, connection, None, None, None)
+    action._load_name = "numafleet.tuning.numa_plan"
+    task_vars = {"inventory_hostname": host, "ansible_facts": facts}
+    return action.run(task_vars=task_vars)
+
+
+LLM = {"name": "llm", "exec": "/opt/vllm/bin/vllm serve", "gpus": 2, "cpus": 16, "memory": "64G"}
+
+
+def test_plans_from_the_hosts_facts(a100_facts):
+    result = run_action({"placements": [LLM]}, a100_facts)
+    assert not result.get("failed"), result
+    assert result["changed"] is False
+    plan = result["ansible_facts"]["numafleet_plan"]
+    assert plan["host"] == "gpu-a100-01"
+    assert plan["memory_headroom_pct"] == 15
+    (entry,) = plan["placements"]
+    # 0000:17:00.0 is in MIG mode, so node 1 is the one node with two whole GPUs.
+    assert entry["node"] == 1
+    assert [g["address"] for g in entry["gpus"]] == ["0000:b1:00.0", "0000:ca:00.0"]
+    assert result["summary"].startswith("gpu-a100-01: 1 placement: llm node1 cpus ")
+
+
+def test_check_mode_computes_the_same_plan(a100_facts):
+    normal = run_action({"placements": [LLM]}, a100_facts)
+    check = run_action({"placements": [LLM]}, a100_facts, check_mode=True)
+    assert check == normal
+
+
+def test_null_host_vars_mean_none(a100_facts):
+    args = {"placements": None, "tenants": None, "reserved_cpus": None}
+    result = run_action(args, a100_facts)
+    assert result["ansible_facts"]["numafleet_plan"]["placements"] == []
+    assert result["summary"] == "gpu-a100-01: 0 placements"
+
+
+def test_explicit_facts_win_and_no_gpu_facts_mean_no_gpus(a100_facts):
+    result = run_action(
+        {"numa": a100_facts["numa"], "gpu_topology": {}, "placements": [LLM]},
+        {"numa": {"nodes": []}},
+    )
+    assert result["failed"] is True
+    assert result["msg"].startswith("host gpu-a100-01: numafleet_placements[0] (llm)")
+
+
+def test_a_bad_placement_fails_with_the_planners_message(a100_facts):
+    bad = dict(LLM, memory="64 gigs")
+    result = run_action({"placements": [bad]}, a100_facts)
+    assert result["failed"] is True
+    assert result["msg"] == (
+        "host gpu-a100-01: numafleet_placements[0] (llm).memory: '64 gigs' is not a size; "
+        "write e.g. 64G or 512M"
+    )
+    assert "ansible_facts" not in result
+
+
+def test_plan_warnings_become_task_warnings_naming_the_host(a100_facts):
+    pinned = dict(LLM, gpus=["0000:b1:00.0"], cpus=4)
+    facts = json.loads(json.dumps(a100_facts))
+    for entry in facts["gpu_topology"]["gpus"]:
+        if entry["address"] == "0000:b1:00.0":
+            entry["node"] = entry["numa_node"] = None
+    result = run_action({"placements": [pinned]}, facts)
+    assert not result.get("failed"), result
+    assert result["warnings"]
+    assert all(w.startswith("host gpu-a100-01: ") for w in result["warnings"])
+
+
+def test_missing_numa_facts_say_what_to_run():
+    result = run_action({"placements": []}, {})
+    assert result["failed"] is True
+    assert "run numafleet.tuning.numa_facts" in result["msg"].lower()
+
+
+def test_unknown_option_names_the_host(a100_facts):
+    with pytest.raises(AnsibleActionFail, match=r"^host gpu-a100-01: numafleet.tuning.numa_plan: "):
+        run_action({"placement": [LLM]}, a100_facts)

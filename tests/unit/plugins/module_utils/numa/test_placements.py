@@ -1,0 +1,472 @@
+"""Host variables of the planner: parsing, sizes, exec splitting and every validation message."""
+
+from __future__ import annotations
+
+import pytest
+
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import (
+    NumaTuneError,
+    PlacementError,
+    PlanError,
+)
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa.placements import (
+    PLACEMENT_KEYS,
+    Hugepages,
+    Mps,
+    format_kb,
+    parse_placements,
+    parse_policy,
+    parse_size_kb,
+    parse_tenants,
+)
+
+HOST = "gpu-a100-01"
+TENANTS = [{"name": "team-a", "memory_max": "200G"}, {"name": "team_b"}]
+
+
+def placement(**changes) -> dict:
+    entry = {"name": "llm", "exec": "/opt/llm/bin/serve --port 8000", "cpus": 4}
+    entry.update(changes)
+    return {key: value for key, value in entry.items() if value is not None}
+
+
+def parse(*entries, tenants=None):
+    tenants = TENANTS if tenants is None else tenants
+    return parse_placements(HOST, list(entries), parse_tenants(HOST, tenants))
+
+
+# ---------------------------------------------------------------------------------------------
+# Sizes
+
+
+@pytest.mark.parametrize(
+    ("text", "kb"),
+    [
+        (0, 0),
+        ("0", 0),
+        (1024, 1),
+        (1025, 2),  # bytes round up to whole KiB
+        ("512M", 512 * 1024),
+        ("64G", 64 << 20),
+        ("64g", 64 << 20),
+        ("64GiB", 64 << 20),
+        ("64gib", 64 << 20),
+        ("64GB", 64 << 20),  # binary multipliers, like systemd MemoryMax=
+        ("1.5G", 1572864),
+        ("2048K", 2048),
+        ("2048KiB", 2048),
+        ("1T", 1 << 30),
+        ("4096", 4),
+        ("4096B", 4),
+        (" 8G ", 8 << 20),
+    ],
+)
+def test_sizes_become_kib(text, kb):
+    assert parse_size_kb(text) == kb
+
+
+@pytest.mark.parametrize(
+    "text", ["64 gigs", "", "G", "-1G", -1, "1.2.3G", "5X", "10iB", True, None, 1.5, "0x10"]
+)
+def test_things_that_are_not_sizes(text):
+    assert parse_size_kb(text) is None
+
+
+@pytest.mark.parametrize(
+    ("kb", "text"),
+    [
+        (0, "0 KiB"),
+        (2048, "2 MiB"),
+        (199337984, "190.1 GiB"),
+        (1 << 30, "1 TiB"),
+        (1536, "1.5 MiB"),
+    ],
+)
+def test_format_kb(kb, text):
+    assert format_kb(kb) == text
+
+
+# ---------------------------------------------------------------------------------------------
+# What a good placement turns into
+
+
+def test_full_placement_parses_into_its_dataclass():
+    (got,) = parse(
+        placement(
+            tenant="team-a",
+            user="llm",
+            group="llm",
+            description="LLM server",
+            gpus=["0000:17:00.0", "GPU-abc"],
+            cpus="4-7,68-71",
+            node=0,
+            memory="64G",
+            hugepages={"size": "2M", "count": 8192},
+            environment={"HF_HOME": "/srv/hf", "PORT": 8000},
+            allow_span=True,
+            hardening=False,
+        )
+    )
+    assert got.argv == ("/opt/llm/bin/serve", "--port", "8000")
+    assert (got.gpu_count, got.gpu_ids) == (2, ("0000:17:00.0", "GPU-abc"))
+    assert (got.cpu_count, got.cpu_list) == (8, (4, 5, 6, 7, 68, 69, 70, 71))
+    assert got.memory_kb == 64 << 20
+    assert got.hugepages == Hugepages(2048, 8192)
+    assert got.environment == (("HF_HOME", "/srv/hf"), ("PORT", "8000"))
+    assert (got.allow_span, got.hardening, got.node) == (True, False, 0)
+    assert got.where == "numafleet_placements[0] (llm)"
+
+
+def test_defaults():
+    (got,) = parse(placement())
+    assert (got.gpu_count, got.gpu_ids, got.memory_kb, got.hugepages) == (0, None, 0, None)
+    assert got.description == "numafleet placement llm"
+    assert (got.allow_span, got.hardening, got.mps, got.mig_profile) == (False, None, None, None)
+    assert parse_placements(HOST, None, []) == []
+    assert parse_tenants(HOST, None) == []
+
+
+def test_unit_placements_have_no_argv():
+    (got,) = parse(placement(exec=None, unit="vllm.service"))
+    assert (got.unit, got.exec, got.argv) == ("vllm.service", None, ())
+
+
+@pytest.mark.parametrize(
+    ("text", "argv"),
+    [
+        ("/usr/bin/python3 -m app", ("/usr/bin/python3", "-m", "app")),
+        ("python3 -c 'print(1)'", ("python3", "-c", "print(1)")),
+        ('/bin/sh -c "echo $HOME; exit 0"', ("/bin/sh", "-c", "echo $HOME; exit 0")),
+        ("/opt/app --rate 100%", ("/opt/app", "--rate", "100%")),  # % and $ escaped at render time
+        ("/opt/app a\\ b", ("/opt/app", "a b")),
+        ("/opt/app --x=';'", ("/opt/app", "--x=;")),
+    ],
+)
+def test_exec_is_split_like_a_posix_shell(text, argv):
+    (got,) = parse(placement(exec=text))
+    assert got.argv == argv
+
+
+def test_mps_and_mig_values():
+    got = parse(
+        placement(
+            name="a", gpus=1, mps={"active_thread_percentage": 40, "pinned_memory_limit": "8G"}
+        ),
+        placement(name="b", mig_profile="1g.10gb", mps={}),
+        placement(name="c", mig_profile="1g.10gb", gpus=["0000:17:00.0"]),
+        placement(name="d", gpus=1, mps=True),
+    )
+    assert got[0].mps == Mps(40, 8 << 20)
+    assert got[1].mps == Mps(None, None)
+    assert got[2].mig_profile == "1g.10gb"
+    assert got[3].mps == Mps(None, None)
+
+
+def test_tenants():
+    got = parse_tenants(
+        HOST, [{"name": "a", "memory_max": "infinity"}, {"name": "b-2", "memory_max": "1G"}]
+    )
+    assert [(t.name, t.memory_max_kb, t.description) for t in got] == [
+        ("a", None, "numafleet tenant a"),
+        ("b-2", 1 << 20, "numafleet tenant b-2"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("raw", "reserved", "headroom"),
+    [
+        (None, (), 15),
+        ({}, (), 15),
+        ({"reserved_cpus": "0-1", "memory_headroom_pct": 0}, (0, 1), 0),
+        ({"reserved_cpus": [3, 1], "memory_headroom_pct": 90}, (1, 3), 90),
+        ({"reserved_cpus": 2}, (2,), 15),
+        ({"reserved_cpus": None, "memory_headroom_pct": None}, (), 15),
+    ],
+)
+def test_policy(raw, reserved, headroom):
+    got = parse_policy(HOST, raw)
+    assert (got.reserved_cpus, got.memory_headroom_pct) == (reserved, headroom)
+
+
+# ---------------------------------------------------------------------------------------------
+# Every error has its own message: host, variable path, what is wrong and the fix
+
+P0 = "host gpu-a100-01: numafleet_placements[0] (llm)"
+
+BAD_PLACEMENTS = [
+    ("unknown key", placement(gpu=2), f"{P0}: unknown key 'gpu'; allowed keys: name, tenant"),
+    ("not a mapping", "llm", "numafleet_placements[0]: 'llm' is not a mapping"),
+    ("missing name", placement(name=None), "numafleet_placements[0]: name is missing; add name:"),
+    (
+        "bad name",
+        placement(name="LLM 70b"),
+        "numafleet_placements[0].name: 'LLM 70b' is not a valid name",
+    ),
+    ("name too long", placement(name="a" * 64), "is not a valid name; use 1-63"),
+    (
+        "neither",
+        placement(exec=None),
+        f"{P0} needs exactly one of exec (a new service) or unit (an existing service to pin with a drop-in); it has neither",
+    ),
+    ("both", placement(unit="x.service"), "it has both"),
+    (
+        "user with unit",
+        placement(exec=None, unit="x.service", user="llm"),
+        f"{P0}: user only applies to exec placements (user/group with unit:); set User= in x.service",
+    ),
+    (
+        "group with unit",
+        placement(exec=None, unit="x.service", group="llm"),
+        f"{P0}: group only applies to exec placements (user/group with unit:); set Group= in x.service itself",
+    ),
+    (
+        "bad unit",
+        placement(exec=None, unit="x.socket"),
+        f"{P0}.unit: 'x.socket' is not a service unit name",
+    ),
+    ("bad user", placement(user="Root User"), f"{P0}.user: 'Root User' is not a valid user name"),
+    ("bad group", placement(group="9x"), f"{P0}.group: '9x' is not a valid group name"),
+    ("bad cpulist", placement(cpus="4-x"), f"{P0}.cpus: invalid CPU set '4-x'"),
+    ("backwards cpulist", placement(cpus="7-4"), "runs backwards; write a count (8) or a cpulist"),
+    ("empty cpulist", placement(cpus=""), f"{P0}.cpus: '' names no CPU"),
+    ("cpus zero", placement(cpus=0), f"{P0}.cpus: 0 is below 1; ask for at least one CPU"),
+    ("cpus missing", placement(cpus=None), f"{P0}: cpus is required"),
+    ("cpus float", placement(cpus=2.5), f"{P0}.cpus: 2.5 is neither a count nor a cpulist"),
+    (
+        "bad size",
+        placement(memory="64 gigs"),
+        f"{P0}.memory: '64 gigs' is not a size; write e.g. 64G or 512M",
+    ),
+    (
+        "bad hugepage size",
+        placement(hugepages={"size": "3M", "count": 1}),
+        f"{P0}.hugepages.size: '3M' is not a hugepage size",
+    ),
+    (
+        "hugepage size not a size",
+        placement(hugepages={"size": "big", "count": 1}),
+        "'big' is not a hugepage size",
+    ),
+    (
+        "hugepage count zero",
+        placement(hugepages={"size": "2M", "count": 0}),
+        f"{P0}.hugepages.count: 0 is not a count >= 1",
+    ),
+    ("hugepage count missing", placement(hugepages={"size": "2M"}), "None is not a count >= 1"),
+    (
+        "hugepage key",
+        placement(hugepages={"size": "2M", "count": 1, "node": 0}),
+        f"{P0}.hugepages: unknown key 'node'; allowed keys: size, count",
+    ),
+    ("hugepages not a mapping", placement(hugepages="2M"), f"{P0}.hugepages: write a mapping"),
+    (
+        "unknown tenant",
+        placement(tenant="team-c"),
+        f"{P0}.tenant: 'team-c' is not in numafleet_tenants (team-a, team_b)",
+    ),
+    (
+        "bad env key",
+        placement(environment={"1X": "a"}),
+        f"{P0}.environment: '1X' is not a variable name",
+    ),
+    ("env not a mapping", placement(environment=["A=1"]), f"{P0}.environment: write a mapping"),
+    (
+        "env sets CUDA_VISIBLE_DEVICES",
+        placement(environment={"CUDA_VISIBLE_DEVICES": "0"}),
+        f"{P0}.environment sets CUDA_VISIBLE_DEVICES, which the planner sets",
+    ),
+    (
+        "env newline",
+        placement(environment={"A": "x\ny"}),
+        f"{P0}.environment.A contains a control character or newline",
+    ),
+    (
+        "env value list",
+        placement(environment={"A": ["x"]}),
+        f"{P0}.environment.A: ['x'] is not a string",
+    ),
+    (
+        "exec newline",
+        placement(exec="/bin/a\n/bin/b"),
+        f"{P0}.exec contains a control character or newline",
+    ),
+    ("exec tab", placement(exec="/bin/a\tb"), f"{P0}.exec contains a control character"),
+    (
+        "description newline",
+        placement(description="a\nb"),
+        f"{P0}.description contains a control character or newline",
+    ),
+    (
+        "description escape",
+        placement(description="a\x1b[1m"),
+        f"{P0}.description contains a control character",
+    ),
+    (
+        "bare semicolon",
+        placement(exec="/bin/a ; /bin/b"),
+        f"{P0}.exec has a bare ';' word, which systemd treats as a command separator; use a wrapper script",
+    ),
+    (
+        "relative exec",
+        placement(exec="./serve"),
+        f"{P0}.exec: the first word './serve' is neither an absolute path nor a plain program name",
+    ),
+    ("exec in a folder", placement(exec="bin/serve"), "'bin/serve' is neither an absolute path"),
+    ("exec with prefix", placement(exec="-/bin/serve"), "'-/bin/serve' is neither"),
+    (
+        "unparsable quoting",
+        placement(exec="/bin/a 'b"),
+        f'{P0}.exec: cannot split "/bin/a \'b" into words (No closing quotation); close the quotes',
+    ),
+    ("empty exec", placement(exec="  "), f"{P0}.exec is empty"),
+    ("exec not text", placement(exec=["/bin/a"]), f"{P0}.exec: ['/bin/a'] is not a string"),
+    (
+        "gpu listed twice",
+        placement(gpus=["0000:17:00.0", "0000:17:00.0"]),
+        f"{P0}.gpus lists 0000:17:00.0 twice; list each GPU once",
+    ),
+    (
+        "gpu listed twice, case",
+        placement(gpus=["0000:B1:00.0", "0000:b1:00.0"]),
+        "lists 0000:b1:00.0 twice",
+    ),
+    ("gpus negative", placement(gpus=-1), f"{P0}.gpus: -1 is negative"),
+    ("gpus garbage", placement(gpus="two"), f"{P0}.gpus: 'two' is neither a count nor a list"),
+    ("gpus list item", placement(gpus=[3]), f"{P0}.gpus: 3 is not a GPU"),
+    ("node negative", placement(node=-1), f"{P0}.node: -1 is not a NUMA node id"),
+    ("node bool", placement(node=True), f"{P0}.node: True is not a NUMA node id"),
+    (
+        "mig with a count",
+        placement(mig_profile="1g.10gb", gpus=1),
+        f"{P0}: mig_profile asks for one MIG instance; drop gpus: 1",
+    ),
+    (
+        "mig with two GPUs",
+        placement(mig_profile="1g.10gb", gpus=["0000:17:00.0", "0000:31:00.0"]),
+        "list exactly one GPU in gpus",
+    ),
+    ("mig empty", placement(mig_profile=" "), f"{P0}.mig_profile: ' ' is not a MIG profile name"),
+    (
+        "mps unknown key",
+        placement(gpus=1, mps={"threads": 4}),
+        f"{P0}.mps: unknown MPS key 'threads'; allowed: active_thread_percentage, pinned_memory_limit",
+    ),
+    (
+        "mps percentage 0",
+        placement(gpus=1, mps={"active_thread_percentage": 0}),
+        f"{P0}.mps.active_thread_percentage: 0 is not a percentage 1..100",
+    ),
+    (
+        "mps percentage 101",
+        placement(gpus=1, mps={"active_thread_percentage": 101}),
+        "101 is not a percentage 1..100",
+    ),
+    (
+        "mps bad limit",
+        placement(gpus=1, mps={"pinned_memory_limit": "lots"}),
+        f"{P0}.mps.pinned_memory_limit: 'lots' is not a size",
+    ),
+    ("mps not a mapping", placement(gpus=1, mps="yes"), f"{P0}.mps: write a mapping"),
+    ("mps without a GPU", placement(mps={}), f"{P0}.mps: an MPS client uses one GPU here"),
+    ("mps with two GPUs", placement(gpus=2, mps={}), "this placement asks for 2; set gpus: 1"),
+    ("allow_span text", placement(allow_span="yes"), f"{P0}.allow_span: 'yes' is not a boolean"),
+    ("hardening int", placement(hardening=1), f"{P0}.hardening: 1 is not a boolean"),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "entry", "message"), BAD_PLACEMENTS, ids=[c[0] for c in BAD_PLACEMENTS]
+)
+def test_bad_placements_are_refused_with_their_own_message(case, entry, message):
+    with pytest.raises(PlacementError) as err:
+        parse(entry)
+    text = str(err.value)
+    assert text.startswith("host gpu-a100-01: numafleet_placements[0]"), text
+    assert message in text, f"{case}: {text}"
+
+
+def test_messages_are_distinct():
+    messages = []
+    for case in BAD_PLACEMENTS:
+        entry = case[1]
+        with pytest.raises(PlacementError) as err:
+            parse(entry)
+        messages.append(str(err.value))
+    assert len(set(messages)) == len(messages)
+
+
+def test_unknown_key_lists_every_allowed_key():
+    with pytest.raises(PlacementError) as err:
+        parse(placement(cpu=4))
+    assert ", ".join(PLACEMENT_KEYS) in str(err.value)
+
+
+def test_duplicate_name_names_both_entries():
+    with pytest.raises(PlacementError) as err:
+        parse(placement(), placement())
+    assert str(err.value) == (
+        "host gpu-a100-01: numafleet_placements[1] (llm): the name is already used by "
+        "numafleet_placements[0]; names must be unique (they name the units)"
+    )
+
+
+def test_errors_are_plan_errors_and_numatune_errors():
+    assert issubclass(PlacementError, PlanError) and issubclass(PlanError, NumaTuneError)
+    with pytest.raises(PlacementError) as err:
+        parse(placement(name=None))
+    assert err.value.host == HOST
+
+
+@pytest.mark.parametrize(
+    ("tenants", "message"),
+    [
+        ("team-a", "host h: numafleet_tenants must be a list"),
+        (
+            [{"name": "a"}, {"name": "a"}],
+            "host h: numafleet_tenants[1]: tenant 'a' is defined twice",
+        ),
+        ([{"name": "A"}], "host h: numafleet_tenants[0].name: 'A' is not a valid tenant name"),
+        ([{"name": "a" * 33}], "numafleet_tenants[0].name: 'aaaa"),
+        (
+            [{"name": "a", "memory": "1G"}],
+            "host h: numafleet_tenants[0]: unknown key 'memory'; allowed keys: name, memory_max, description",
+        ),
+        (
+            [{"name": "a", "memory_max": "lots"}],
+            "host h: numafleet_tenants[0] (a).memory_max: 'lots' is not a size",
+        ),
+        (
+            [{"name": "a", "description": "x\ny"}],
+            "host h: numafleet_tenants[0] (a).description contains a control character",
+        ),
+        (["a"], "host h: numafleet_tenants[0]: 'a' is not a mapping"),
+    ],
+)
+def test_bad_tenants(tenants, message):
+    with pytest.raises(PlacementError) as err:
+        parse_tenants("h", tenants)
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("policy", "message"),
+    [
+        ({"reserved_cpus": "0-"}, "host h: numafleet_reserved_cpus: invalid CPU set '0-'"),
+        ({"reserved_cpus": {"a": 1}}, "host h: numafleet_reserved_cpus: {'a': 1} is not a cpulist"),
+        (
+            {"memory_headroom_pct": 91},
+            "host h: numafleet_memory_headroom_pct: 91 is not a percentage 0..90",
+        ),
+        ({"memory_headroom_pct": -1}, "numafleet_memory_headroom_pct: -1 is not a percentage"),
+        ({"memory_headroom_pct": "15"}, "numafleet_memory_headroom_pct: '15' is not a percentage"),
+    ],
+)
+def test_bad_policy(policy, message):
+    with pytest.raises(PlacementError) as err:
+        parse_policy("h", policy)
+    assert message in str(err.value)
+
+
+def test_placements_must_be_a_list():
+    with pytest.raises(PlacementError, match="host h: numafleet_placements must be a list"):
+        parse_placements("h", {"name": "x"}, [])

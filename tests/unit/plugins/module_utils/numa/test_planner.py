@@ -1,0 +1,875 @@
+"""The planner on the fixture machines' facts (golden numa JSON + GPU snapshots) and small
+synthetic hosts: placement rules, MIG, MPS, tenants, memory, spanning and infeasible messages."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import trees  # tests/unit/fixtures/trees.py (on sys.path through tests/unit/conftest.py)
+
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import gpu
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import (
+    PlacementError,
+    PlanError,
+)
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa.planner import (
+    plan_host,
+    plan_summary,
+    tenant_slice,
+)
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa.sysfs import Reader
+
+SYSFS = Path(__file__).resolve().parents[3] / "fixtures" / "sysfs"
+A100, H100, NPS4 = "synthetic-2x6338-4xa100", "synthetic-8xh100-2s", "synthetic-epyc-nps4"
+VM, GH200, MI300X = "synthetic-vm-gpu-numa-unknown", "synthetic-gh200", "synthetic-mi300x-cpx-nps4"
+POLICY = {"reserved_cpus": "", "memory_headroom_pct": 15}
+
+
+@pytest.fixture(scope="session")
+def machine_facts(fixture_root):
+    """Factory: (numa, gpu_topology) of a fixture machine, fresh copies for each call."""
+    cache: dict = {}
+
+    def make(machine: str) -> tuple:
+        if machine not in cache:
+            numa = json.loads((SYSFS / f"{machine}.numa.json").read_text(encoding="utf-8"))
+            root = fixture_root(machine)
+            snapshot = trees.GPU_SNAPSHOT_DIR / f"{machine}.json"
+            state = (
+                gpu.read_snapshot(str(snapshot))
+                if snapshot.is_file()
+                else gpu.nvml_unavailable("no snapshot in the fixtures")
+            )
+            topology = gpu.read_gpu_topology(Reader(f"{root}/sys", f"{root}/proc"), state)
+            cache[machine] = (numa, json.loads(json.dumps(topology)))
+        return copy.deepcopy(cache[machine])
+
+    return make
+
+
+def p(name: str, **changes) -> dict:
+    """A placement of host_vars: exec /bin/app, cpus 4 unless changed."""
+    entry = {"name": name, "exec": "/bin/app", "cpus": 4}
+    entry.update(changes)
+    return entry
+
+
+def plan(machine_facts, machine, placements, tenants=(), policy=None, host="h"):
+    numa, gpus = machine_facts(machine)
+    return plan_host(host, numa, gpus, list(placements), list(tenants), policy or POLICY)
+
+
+def by_name(result: dict) -> dict:
+    return {entry["name"]: entry for entry in result["placements"]}
+
+
+def addresses(entry: dict) -> list:
+    return [g["address"] for g in entry["gpus"]]
+
+
+def synthetic(
+    cpus_per_node=(4, 4),
+    mem_gb=(16, 16),
+    smt=2,
+    distances=None,
+    isolated=(),
+    offline=(),
+    hugepage_sizes=(2048, 1048576),
+):
+    """Small numa facts: node i has cpus_per_node[i] CPUs (0 = memory-only) and mem_gb[i] GiB.
+
+    CPUs are numbered node by node; SMT siblings are CPU c and c + half of the node's CPUs.
+    """
+    nodes, per_cpu, first = [], [], 0
+    count = len(cpus_per_node)
+    for nid, (ncpu, gb) in enumerate(zip(cpus_per_node, mem_gb, strict=True)):
+        cpus = list(range(first, first + ncpu))
+        first += ncpu
+        kind = {(True, True): "cpu+memory", (True, False): "cpu-only"}.get(
+            (bool(ncpu), bool(gb)), "memory-only" if gb else "empty"
+        )
+        row = distances[nid] if distances else [10 if o == nid else 20 for o in range(count)]
+        nodes.append(
+            {
+                "id": nid,
+                "kind": kind,
+                "cpus": cpus,
+                "memory_kb": gb << 20,
+                "distances": row,
+                "hugepages": [{"size_kb": size} for size in hugepage_sizes],
+            }
+        )
+        half = max(ncpu // smt, 1)
+        for position, cpu in enumerate(cpus):
+            core = position % half
+            siblings = [c for i, c in enumerate(cpus) if i % half == core] if smt > 1 else [cpu]
+            per_cpu.append(
+                {"id": cpu, "node": nid, "online": cpu not in offline, "siblings": siblings}
+            )
+    every = list(range(first))
+    return {
+        "node_ids": list(range(count)),
+        "nodes": nodes,
+        "cpus": {
+            "online": [c for c in every if c not in offline],
+            "offline": sorted(offline),
+            "isolated": sorted(isolated),
+        },
+        "per_cpu": per_cpu,
+    }
+
+
+def synthetic_gpu(address, node, switch=None, peers=(), uuid=None, memory_mib=81920, mig=None):
+    return {
+        "address": address,
+        "uuid": uuid or f"GPU-{address.replace(':', '').replace('.', '')}",
+        "node": node,
+        "numa_node": node,
+        "vendor": "nvidia",
+        "switch": switch,
+        "nvlink_peers": list(peers),
+        "memory_total_mib": memory_mib,
+        "mig": mig,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Whole GPUs
+
+
+def test_two_gpus_come_from_one_node_with_its_cpus_and_memory(machine_facts):
+    result = plan(machine_facts, A100, [p("llm", gpus=2, cpus=16, memory="64G")])
+    (entry,) = result["placements"]
+    # node 0 has one whole GPU (0000:17:00.0 has MIG enabled): only node 1 fits
+    assert addresses(entry) == ["0000:b1:00.0", "0000:ca:00.0"]
+    assert (entry["node"], entry["nodes"], entry["mems"], entry["spans"]) == (1, [1], [1], False)
+    assert entry["cpus"] == list(range(32, 40)) + list(range(96, 104))
+    assert entry["environment"]["CUDA_VISIBLE_DEVICES"] == ",".join(
+        g["uuid"] for g in entry["gpus"]
+    )
+    assert entry["environment"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert entry["cuda_visible_devices"] == entry["environment"]["CUDA_VISIBLE_DEVICES"]
+    assert result["warnings"] == [] and entry["warnings"] == []
+
+
+@pytest.mark.parametrize(
+    ("requests", "want"),
+    [
+        # one GPU first: the smallest switch group that fits is a pair; the lowest address wins
+        ([1, 2], [["0000:18:00.0"], ["0000:3a:00.0", "0000:5d:00.0"]]),
+        # then a single GPU prefers the switch group with one GPU left over a full pair
+        ([1, 2, 1], [["0000:18:00.0"], ["0000:3a:00.0", "0000:5d:00.0"], ["0000:2a:00.0"]]),
+        ([2, 2], [["0000:18:00.0", "0000:2a:00.0"], ["0000:3a:00.0", "0000:5d:00.0"]]),
+        # 3 GPUs: no switch holds 3, the NVLink-connected set of the lowest addresses
+        ([3], [["0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0"]]),
+        (
+            [4, 4],
+            [
+                ["0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0", "0000:5d:00.0"],
+                ["0000:9a:00.0", "0000:ab:00.0", "0000:ba:00.0", "0000:db:00.0"],
+            ],
+        ),
+    ],
+)
+def test_h100_prefers_gpus_under_one_pcie_switch(machine_facts, requests, want):
+    result = plan(machine_facts, H100, [p(f"p{i}", gpus=n) for i, n in enumerate(requests)])
+    assert [addresses(entry) for entry in result["placements"]] == want
+
+
+def test_least_fragmentation_picks_the_node_left_with_fewest_free_gpus(machine_facts):
+    result = plan(machine_facts, H100, [p("a", gpus=3), p("b", gpus=1), p("c", gpus=1)])
+    got = by_name(result)
+    # after a (3 GPUs on node 0) node 0 has 1 free GPU: b takes it (0 left) rather than node 1
+    assert got["b"]["node"] == 0 and addresses(got["b"]) == ["0000:5d:00.0"]
+    assert got["c"]["node"] == 1 and addresses(got["c"]) == ["0000:9a:00.0"]
+
+
+def test_cpu_only_placements_go_to_the_node_with_fewest_free_gpus(machine_facts):
+    result = plan(machine_facts, A100, [p("batch", cpus=8)])
+    (entry,) = result["placements"]
+    assert (entry["node"], entry["gpus"], entry["cuda_visible_devices"]) == (0, [], "")
+    assert "CUDA_VISIBLE_DEVICES" not in entry["environment"]
+    result = plan(machine_facts, H100, [p("llm", gpus=4), p("batch", cpus=8)])
+    assert by_name(result)["batch"]["node"] == 0  # node 0 has no free GPU left
+
+
+def test_cpu_only_ties_go_to_the_best_fit_then_lowest_node():
+    numa = synthetic(cpus_per_node=(8, 4, 4), mem_gb=(16, 16, 16))
+    result = plan_host("h", numa, None, [p("a", cpus=2), p("b", cpus=4)], [], POLICY)
+    a, b = result["placements"]
+    assert a["node"] == 1  # nodes 1 and 2 fit tighter than node 0; lowest id of those
+    assert b["node"] == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# CPUs
+
+
+def test_smt_siblings_stay_together_and_counts_round_up_to_whole_cores(machine_facts):
+    result = plan(machine_facts, A100, [p("a", cpus=3), p("b", cpus=1)])
+    a, b = result["placements"]
+    assert (a["cpus"], a["cpus_requested"]) == ([0, 1, 64, 65], 3)
+    assert (b["cpus"], b["cpus_requested"]) == ([2, 66], 1)
+
+
+def test_reserved_cpus_are_never_planned(machine_facts):
+    policy = {"reserved_cpus": "0-1,64-65", "memory_headroom_pct": 15}
+    result = plan(machine_facts, A100, [p("a", cpus=4)], policy=policy)
+    assert result["reserved_cpus"] == [0, 1, 64, 65]
+    assert result["placements"][0]["cpus"] == [2, 3, 66, 67]
+    node0 = result["nodes"][0]
+    assert not {0, 1, 64, 65} & set(node0["cpus_usable"])
+    assert node0["cpus_planned"] == [2, 3, 66, 67]
+
+
+def test_a_reserved_cpu_leaves_its_sibling_as_a_core_of_its_own():
+    numa = synthetic(cpus_per_node=(4,), mem_gb=(16,))  # cores (0,2) and (1,3)
+    result = plan_host(
+        "h", numa, None, [p("a", cpus=2), p("b", cpus=1)], [], {"reserved_cpus": "0"}
+    )
+    a, b = result["placements"]
+    assert (a["cpus"], b["cpus"]) == ([1, 3], [2])
+
+
+def test_explicit_cpus_are_taken_as_given_and_isolated_ones_warn():
+    numa = synthetic(cpus_per_node=(4, 4), isolated=(6,))
+    result = plan_host(
+        "h", numa, None, [p("pin", cpus="5-6"), p("count", cpus=2, node=1)], [], POLICY
+    )
+    pin, count = result["placements"]
+    assert (pin["cpus"], pin["node"], pin["cpus_requested"]) == ([5, 6], 1, 2)
+    assert "CPUs 6 are isolated" in pin["warnings"][0]
+    assert result["warnings"][0].startswith("placement pin: CPUs 6 are isolated")
+    # 6 is isolated (never usable for counts); 5's sibling 7 is left as a core of its own
+    assert count["cpus"] == [4, 7]
+
+
+def test_explicit_cpus_across_nodes_span_with_a_warning():
+    numa = synthetic()
+    result = plan_host("h", numa, None, [p("pin", cpus="3-4")], [], POLICY)
+    (entry,) = result["placements"]
+    assert (entry["nodes"], entry["spans"], entry["mems"]) == ([0, 1], True, [0, 1])
+    assert "span NUMA nodes 0, 1" in entry["warnings"][0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory, hugepages
+
+
+def test_memory_budget_keeps_the_headroom(machine_facts):
+    numa, dummy = machine_facts(A100)
+    budget = numa["nodes"][0]["memory_kb"] * 85 // 100
+    result = plan(machine_facts, A100, [p("fits", node=0, memory=budget * 1024)])
+    node0 = result["nodes"][0]
+    assert (node0["budget_kb"], node0["planned_memory_kb"]) == (budget, budget)
+    with pytest.raises(PlanError) as err:
+        plan(machine_facts, A100, [p("big", node=0, memory=(budget + 1) * 1024)])
+    assert str(err.value).startswith(
+        "host h: numafleet_placements[0] (big) needs 214.1 GiB memory (hugepages included) "
+        "within the budget of the memory node next to its CPUs on NUMA node 0; free per node: "
+        "node0 1 GPUs, 64 CPUs, 214.1 GiB memory; node1 2 GPUs, 64 CPUs, 216.3 GiB memory. "
+        "Lower memory or hugepages, lower numafleet_memory_headroom_pct"
+    )
+    zero = plan(
+        machine_facts,
+        A100,
+        [p("all", node=0, memory=numa["nodes"][0]["memory_kb"] * 1024)],
+        policy={"memory_headroom_pct": 0},
+    )
+    assert zero["nodes"][0]["budget_kb"] == numa["nodes"][0]["memory_kb"]
+
+
+def test_hugepages_are_charged_to_the_memory_node_and_pooled():
+    numa = synthetic(mem_gb=(8, 8))  # budget 6.8 GiB per node at 15 %
+    placements = [
+        p("a", cpus=1, memory="4G", hugepages={"size": "2M", "count": 1024}),  # 6 GiB on node 0
+        p(
+            "b", cpus=1, memory="1G", hugepages={"size": "2M", "count": 512}
+        ),  # no room left on node 0
+        p("c", cpus=1, hugepages={"size": "1G", "count": 1}),
+    ]
+    result = plan_host("h", numa, None, placements, [], POLICY)
+    a, b, c = result["placements"]
+    assert a["hugepages"] == {"size_kb": 2048, "count": 1024, "node": 0}
+    assert (b["node"], b["hugepages"]["node"]) == (1, 1)
+    assert c["hugepages"] == {"size_kb": 1048576, "count": 1, "node": 1}
+    assert result["nodes"][0]["planned_memory_kb"] == 6 << 20
+    assert result["nodes"][0]["hugepages"] == [{"size_kb": 2048, "count": 1024}]
+    assert result["nodes"][1]["hugepages"] == [
+        {"size_kb": 2048, "count": 512},
+        {"size_kb": 1048576, "count": 1},
+    ]
+    assert result["nodes"][1]["planned_memory_kb"] == 3 << 20  # b 1G + 1G pages, c 1G page
+
+
+def test_hugepage_size_the_node_does_not_offer():
+    numa = synthetic(hugepage_sizes=(2048,))
+    with pytest.raises(PlacementError) as err:
+        plan_host("h", numa, None, [p("a", hugepages={"size": "1G", "count": 1})], [], POLICY)
+    assert str(err.value) == (
+        "host h: numafleet_placements[0] (a).hugepages.size: 1 GiB pages are not offered by the "
+        "node (offered: 2 MiB); pick an offered size"
+    )
+
+
+@pytest.mark.parametrize(
+    ("placement", "mems", "warned"),
+    [
+        (p("a", node=1), [0], False),  # CPU-only node 1: memory nodes 0 and 2 tie at 12 -> 0
+        (p("b", node=3), [0], False),
+        (p("c", node=1, memory="300G"), [0], False),
+    ],
+)
+def test_memory_less_cpu_node_gets_the_nearest_memory_node(machine_facts, placement, mems, warned):
+    result = plan(machine_facts, NPS4, [placement])
+    entry = result["placements"][0]
+    assert (entry["node"], entry["mems"]) == (placement["node"], mems)
+    assert bool(entry["warnings"]) is warned
+
+
+def test_memory_less_cpu_node_moves_to_the_next_memory_node_when_the_nearest_is_full(
+    machine_facts,
+):
+    result = plan(
+        machine_facts, NPS4, [p("fill", node=0, memory="300G"), p("next", node=1, memory="100G")]
+    )
+    assert by_name(result)["next"]["mems"] == [2]
+    assert result["nodes"][2]["planned_memory_kb"] == 100 << 20
+    assert result["nodes"][1]["budget_kb"] == 0
+
+
+def test_cpu_only_nodes_are_used_for_gpus_next_to_them(machine_facts):
+    result = plan(machine_facts, NPS4, [p("l40s", gpus=1, memory="8G")])
+    (entry,) = result["placements"]
+    assert (entry["node"], entry["mems"], addresses(entry)) == (2, [2], ["0000:41:00.0"])
+
+
+# ---------------------------------------------------------------------------------------------
+# MIG
+
+
+def test_mig_reuses_existing_instances_lowest_start_first(machine_facts):
+    result = plan(
+        machine_facts,
+        A100,
+        [
+            p("e1", mig_profile="2g.20gb"),
+            p("e2", mig_profile="2g.20gb"),
+            p("e3", mig_profile="3g.40gb"),
+        ],
+    )
+    e1, e2, e3 = result["placements"]
+    assert e1["gpus"][0]["mig"] == {
+        "profile": "2g.20gb",
+        "placement_start": 0,
+        "placement_size": 2,
+        "device_uuid": "MIG-4d5fc52b-3870-57b6-a399-78174c05bf0a",
+        "existing": True,
+    }
+    assert e1["cuda_visible_devices"] == "MIG-4d5fc52b-3870-57b6-a399-78174c05bf0a"
+    assert e2["gpus"][0]["mig"]["placement_start"] == 2
+    assert e3["gpus"][0]["mig"]["device_uuid"] == "MIG-d2370484-ec09-58f3-9dd0-11e29c0f61ab"
+    assert {e["node"] for e in (e1, e2, e3)} == {0}
+    mig_gpu = result["gpus"][0]
+    assert (mig_gpu["address"], mig_gpu["use"], mig_gpu["placements"]) == (
+        "0000:17:00.0",
+        "mig",
+        ["e1", "e2", "e3"],
+    )
+    assert [
+        (s["profile"], s["placement_start"], s["placement"]) for s in mig_gpu["mig"]["layout"]
+    ] == [
+        ("2g.20gb", 0, "e1"),
+        ("2g.20gb", 2, "e2"),
+        ("3g.40gb", 4, "e3"),
+    ]
+    with pytest.raises(
+        PlanError, match=r"\[2\] \(e3\) needs a free 2g.20gb MIG slot and 4 CPUs on one NUMA node"
+    ):
+        plan(machine_facts, A100, [p(f"e{i}", mig_profile="2g.20gb") for i in range(1, 4)])
+
+
+def test_new_mig_instance_takes_the_lowest_free_placement_start(machine_facts):
+    numa, topology = machine_facts(A100)
+    mig = topology["gpus"][0]["mig"]
+    mig["gpu_instances"] = [i for i in mig["gpu_instances"] if i["profile_name"] != "3g.40gb"]
+    placements = [p("new", mig_profile="3g.40gb", mps={"active_thread_percentage": 50})]
+    result = plan_host("h", numa, topology, placements, [], POLICY)
+    (entry,) = result["placements"]
+    assert entry["gpus"][0]["mig"] == {
+        "profile": "3g.40gb",
+        "placement_start": 4,  # 0 overlaps the existing 2g.20gb at 0
+        "placement_size": 4,
+        "device_uuid": None,
+        "existing": False,
+    }
+    assert entry["cuda_visible_devices"] == ""
+    assert "CUDA_VISIBLE_DEVICES" not in entry["environment"]
+    assert "does not exist yet" in entry["warnings"][0]
+    layout = result["gpus"][0]["mig"]["layout"]
+    assert [(s["placement_start"], s["placement"]) for s in layout] == [
+        (0, None),
+        (2, None),
+        (4, "new"),
+    ]
+    # the new instance gets its own MPS daemon
+    (daemon,) = result["mps_daemons"]
+    assert daemon["clients"] == ["new"] and daemon["device_uuid"] is None
+    assert daemon["active_thread_percentage"] == 50
+    assert entry["mps"]["pipe_dir"] == daemon["pipe_dir"]
+
+
+@pytest.mark.parametrize(
+    ("machine", "placement", "message"),
+    [
+        (
+            A100,
+            p("m", mig_profile="5g.50gb"),
+            "host h: numafleet_placements[0] (m).mig_profile: '5g.50gb' is not offered by the "
+            "MIG-enabled GPUs (offered: 1g.10gb, 1g.10gb+me, 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, "
+            "7g.80gb); pick one of those",
+        ),
+        (
+            H100,
+            p("m", mig_profile="1g.10gb"),
+            "host h: numafleet_placements[0] (m).mig_profile: no GPU of this host has MIG enabled; "
+            "enable MIG (nvidia-smi -mig 1) on a GPU or remove mig_profile",
+        ),
+        (
+            A100,
+            p("m", mig_profile="1g.10gb", gpus=["0000:31:00.0"]),
+            "host h: numafleet_placements[0] (m).gpus: 0000:31:00.0 does not have MIG enabled; "
+            "list one of 0000:17:00.0 or enable MIG on it",
+        ),
+        (
+            A100,
+            p("m", gpus=["0000:17:00.0"]),
+            "host h: numafleet_placements[0] (m).gpus: 0000:17:00.0 has MIG enabled and only "
+            "serves MIG instances; set mig_profile or list another GPU",
+        ),
+    ],
+)
+def test_mig_errors(machine_facts, machine, placement, message):
+    with pytest.raises(PlacementError) as err:
+        plan(machine_facts, machine, [placement])
+    assert str(err.value) == message
+
+
+def test_mig_gpu_is_never_given_whole_and_whole_gpus_never_get_mig(machine_facts):
+    result = plan(machine_facts, A100, [p("w", gpus=1, node=0), p("m", mig_profile="2g.20gb")])
+    got = by_name(result)
+    assert addresses(got["w"]) == ["0000:31:00.0"] and addresses(got["m"]) == ["0000:17:00.0"]
+    by = {g["address"]: g for g in result["gpus"]}
+    assert (by["0000:31:00.0"]["use"], by["0000:31:00.0"]["mig"]) == (
+        "whole",
+        {"mode": "disabled", "layout": []},
+    )
+    assert by["0000:17:00.0"]["use"] == "mig"
+    with pytest.raises(PlanError, match=r"\(w\) needs 2 GPUs on NUMA node 0"):
+        plan(machine_facts, A100, [p("w", gpus=2, node=0)])
+
+
+# ---------------------------------------------------------------------------------------------
+# MPS
+
+
+def test_mps_clients_share_a_gpu_and_one_daemon(machine_facts):
+    placements = [
+        p("a", gpus=1, mps={"active_thread_percentage": 40, "pinned_memory_limit": "8G"}),
+        p("b", gpus=1, mps={"active_thread_percentage": 60}),
+        p("whole", gpus=1),
+    ]
+    result = plan(machine_facts, H100, placements)
+    a, b, whole = result["placements"]
+    assert addresses(a) == addresses(b) == ["0000:18:00.0"]
+    assert a["gpus"][0]["shared_mps"] and not whole["gpus"][0]["shared_mps"]
+    assert addresses(whole) == ["0000:2a:00.0"]
+    uuid = a["gpus"][0]["uuid"]
+    assert a["environment"]["CUDA_MPS_PIPE_DIRECTORY"] == f"/run/nvidia-mps/{uuid}"
+    assert a["environment"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "40"
+    assert a["environment"]["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=8192M"
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in b["environment"]
+    assert a["mps"] == {
+        "pipe_dir": f"/run/nvidia-mps/{uuid}",
+        "log_dir": f"/var/log/nvidia-mps/{uuid}",
+        "active_thread_percentage": 40,
+        "pinned_memory_limit_kb": 8 << 20,
+    }
+    assert result["mps_daemons"] == [
+        {
+            "device_uuid": uuid,
+            "gpu_address": "0000:18:00.0",
+            "pipe_dir": f"/run/nvidia-mps/{uuid}",
+            "log_dir": f"/var/log/nvidia-mps/{uuid}",
+            "clients": ["a", "b"],
+            "active_thread_percentage": 60,
+        }
+    ]
+    shared = result["gpus"][0]
+    assert (shared["use"], shared["mps"]["clients"]) == ("mps", ["a", "b"])
+    assert shared["mps"]["pinned_memory_limit_kb_total"] == 8 << 20
+
+
+def test_mps_pinned_memory_must_fit_the_gpu(machine_facts):
+    limit = {"pinned_memory_limit": "60G"}
+    result = plan(machine_facts, H100, [p("a", gpus=1, mps=limit), p("b", gpus=1, mps=limit)])
+    a, b = result["placements"]
+    assert addresses(a) != addresses(b)  # 120 GiB does not fit one 80 GiB H100
+
+
+def test_mps_does_not_share_a_whole_gpu(machine_facts):
+    result = plan(machine_facts, A100, [p("w", gpus=1, node=0), p("m", gpus=1, mps={})])
+    assert addresses(by_name(result)["m"]) == ["0000:b1:00.0"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Tenants, units, output
+
+
+def test_two_tenants_get_slices_with_the_union_of_their_placements(machine_facts):
+    tenants = [
+        {"name": "team-b", "memory_max": "infinity"},
+        {"name": "team-a", "memory_max": "200G"},
+    ]
+    placements = [
+        p("a1", tenant="team-a", gpus=1),
+        p("b1", tenant="team-b", cpus=2),
+        p("a2", tenant="team-a", gpus=1, node=1),
+        p("free", cpus=2),
+    ]
+    result = plan(machine_facts, A100, placements, tenants=tenants)
+    assert [t["name"] for t in result["tenants"]] == ["team-a", "team-b"]
+    team_a, team_b = result["tenants"]
+    got = by_name(result)
+    assert team_a == {
+        "name": "team-a",
+        "slice": "numafleet-team\\x2da.slice",
+        "memory_max_kb": 200 << 20,
+        "description": "numafleet tenant team-a",
+        "cpus": sorted(got["a1"]["cpus"] + got["a2"]["cpus"]),
+        "mems": [0, 1],
+        "placements": ["a1", "a2"],
+    }
+    assert (team_b["memory_max_kb"], team_b["placements"]) == (None, ["b1"])
+    assert got["b1"]["slice"] == "numafleet-team\\x2db.slice"
+    assert got["free"]["slice"] == "numafleet.slice" and got["free"]["tenant"] is None
+
+
+@pytest.mark.parametrize(
+    ("name", "slice_name"),
+    [
+        ("a", "numafleet-a.slice"),
+        ("team-a", "numafleet-team\\x2da.slice"),
+        ("a_b-c", "numafleet-a_b\\x2dc.slice"),
+    ],
+)
+def test_tenant_slices_are_systemd_escaped(name, slice_name):
+    assert tenant_slice(name) == slice_name
+
+
+def test_unit_placements_are_dropins(machine_facts):
+    result = plan(machine_facts, A100, [p("vllm", exec=None, unit="vllm.service", hardening=True)])
+    (entry,) = result["placements"]
+    assert (entry["unit"], entry["unit_kind"], entry["exec"], entry["argv"]) == (
+        "vllm.service",
+        "dropin",
+        None,
+        [],
+    )
+    assert entry["hardening"] is True
+
+
+def test_plan_shape_and_summary(machine_facts):
+    placements = [
+        p("llm-70b", exec="/opt/llm/bin/serve --port 8000", user="llm", gpus=2, cpus=16),
+        p("embed", mig_profile="2g.20gb", mps={}, environment={"HF_HOME": "/srv/hf"}),
+    ]
+    result = plan(machine_facts, A100, placements, host="gpu-a100-01")
+    assert list(result) == [
+        "version",
+        "host",
+        "reserved_cpus",
+        "memory_headroom_pct",
+        "placements",
+        "tenants",
+        "nodes",
+        "gpus",
+        "mps_daemons",
+        "warnings",
+    ]
+    assert list(result["placements"][0]) == [
+        "name", "index", "unit", "unit_kind", "exec", "argv", "description", "user", "group",
+        "tenant", "slice", "node", "nodes", "spans", "cpus", "cpus_requested", "mems",
+        "memory_kb", "hugepages", "gpus", "cuda_visible_devices", "mps", "environment",
+        "hardening", "warnings",
+    ]  # fmt: skip
+    assert list(result["nodes"][0]) == [
+        "id", "kind", "memory_kb", "budget_kb", "planned_memory_kb", "cpus_usable",
+        "cpus_planned", "hugepages", "gpus",
+    ]  # fmt: skip
+    assert list(result["gpus"][0]) == ["address", "uuid", "node", "use", "placements", "mig", "mps"]
+    assert result["placements"][1]["environment"]["HF_HOME"] == "/srv/hf"
+    assert json.loads(json.dumps(result)) == result
+    assert plan_summary(result) == (
+        "gpu-a100-01: 2 placements: llm-70b node1 cpus 32-39,96-103 gpus b1:00.0,ca:00.0; "
+        "embed node0 cpus 0-1,64-65 gpus 17:00.0 mig 2g.20gb@0 mps"
+    )
+    assert (
+        plan_summary({"host": "x", "placements": [], "warnings": ["w"]})
+        == "x: 0 placements; 1 warning"
+    )
+
+
+def test_planning_is_deterministic_and_inputs_are_not_changed(machine_facts):
+    numa, topology = machine_facts(H100)
+    placements = [p("a", gpus=2), p("b", gpus=1, mps={}), p("c", cpus=10, allow_span=True)]
+    before = copy.deepcopy((numa, topology, placements))
+    first = plan_host("h", numa, topology, placements, [], POLICY)
+    second = plan_host("h", numa, topology, placements, [], POLICY)
+    assert first == second
+    assert (numa, topology, placements) == before
+
+
+def test_hosts_without_gpu_facts_plan_cpu_only(machine_facts):
+    numa, dummy = machine_facts(A100)
+    for topology in (None, {}, {"gpus": []}):
+        result = plan_host("h", numa, topology, [p("a")], [], POLICY)
+        assert result["gpus"] == [] and result["placements"][0]["node"] == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Unknown locality, spanning
+
+
+def test_unknown_locality_gpu_is_a_fallback_with_a_warning(machine_facts):
+    result = plan(machine_facts, VM, [p("one", gpus=1, cpus=2)])
+    (entry,) = result["placements"]
+    assert addresses(entry) == ["0000:07:00.0"] and entry["warnings"] == []  # known first
+    result = plan(machine_facts, VM, [p("two", gpus=2, cpus=2)], host="vm-gpu-01")
+    (entry,) = result["placements"]
+    assert addresses(entry) == ["0000:06:00.0", "0000:07:00.0"]
+    assert entry["node"] == 1
+    assert result["warnings"] == [
+        "placement two: GPU 0000:06:00.0 has unknown NUMA locality (numa_node -1); CPUs and "
+        "memory were placed on node 1 by CPU/memory fit. Set node: if you know the GPU's node"
+    ]
+
+
+def test_pinned_unknown_locality_gpu_is_placed_by_cpu_fit(machine_facts):
+    result = plan(machine_facts, VM, [p("vm", gpus=["0000:06:00.0"], cpus=2, node=1)])
+    (entry,) = result["placements"]
+    assert (entry["node"], entry["gpus"][0]["node"]) == (1, None)
+    assert "unknown NUMA locality" in entry["warnings"][0]
+    result = plan(machine_facts, VM, [p("vm", gpus=["0000:06:00.0"], cpus=2)])
+    assert result["placements"][0]["node"] == 0  # by fit: node 0 has no free GPU to keep
+
+
+def test_allow_span_takes_the_nearest_nodes(machine_facts):
+    result = plan(machine_facts, H100, [p("huge", cpus=200, allow_span=True)])
+    (entry,) = result["placements"]
+    assert (entry["nodes"], entry["spans"], entry["mems"]) == ([0, 1], True, [0, 1])
+    assert len(entry["cpus"]) == 200
+    assert "spans NUMA nodes 0, 1" in entry["warnings"][0]
+    result = plan(machine_facts, H100, [p("wide", gpus=6, allow_span=True)])
+    (entry,) = result["placements"]
+    assert len(entry["gpus"]) == 6 and entry["spans"]
+
+
+def test_span_only_when_no_single_node_fits(machine_facts):
+    result = plan(machine_facts, H100, [p("small", cpus=8, allow_span=True)])
+    assert result["placements"][0]["spans"] is False and result["warnings"] == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors that need the facts
+
+
+@pytest.mark.parametrize(
+    ("machine", "placements", "policy", "message"),
+    [
+        (
+            A100,
+            [p("big", gpus=3)],
+            None,
+            "host h: numafleet_placements[0] (big) needs 3 GPUs on one NUMA node; free per node: "
+            "node0 1 GPUs, 64 CPUs, 214.1 GiB memory; node1 2 GPUs, 64 CPUs, 216.3 GiB memory. "
+            "Lower gpus, set allow_span: true, or remove another placement.",
+        ),
+        (
+            H100,
+            [p("big", cpus=200)],
+            None,
+            "host h: numafleet_placements[0] (big) needs 200 CPUs on one NUMA node; free per "
+            "node: node0 4 GPUs, 112 CPUs, 856.5 GiB memory; node1 4 GPUs, 112 CPUs, 865.2 GiB "
+            "memory. Lower cpus, set allow_span: true, or remove another placement.",
+        ),
+        (
+            H100,
+            [p("a", gpus=8, cpus=8, allow_span=True), p("b", gpus=1)],
+            None,
+            "host h: numafleet_placements[1] (b) needs 1 GPUs on one NUMA node; free per node: "
+            "node0 0 GPUs, 104 CPUs",
+        ),
+        (
+            A100,
+            [p("big", cpus=300, allow_span=True)],
+            None,
+            "needs 300 CPUs on one NUMA node (even spanning nodes); free per node: node0 1 GPUs, "
+            "64 CPUs, 214.1 GiB memory; node1 2 GPUs, 64 CPUs, 216.3 GiB memory. Lower cpus, or "
+            "remove another placement.",
+        ),
+        (
+            A100,
+            [p("n", node=1, cpus=8), p("m", node=1, cpus=60)],
+            None,
+            "host h: numafleet_placements[1] (m) needs 60 CPUs on NUMA node 1; free per node: "
+            "node0 1 GPUs, 64 CPUs, 214.1 GiB memory; node1 2 GPUs, 56 CPUs",
+        ),
+        (
+            A100,
+            [p("g", gpus=["0000:99:00.0"])],
+            None,
+            "host h: numafleet_placements[0] (g).gpus: 0000:99:00.0 is not a GPU of this host "
+            "(known: 0000:17:00.0, 0000:31:00.0, 0000:b1:00.0, 0000:ca:00.0); list PCI addresses "
+            "or UUIDs from ansible_facts.gpu_topology",
+        ),
+        (
+            A100,
+            [p("g", gpus=["0000:31:00.0", "GPU-fdb5df64-11ce-5c72-a560-9702875cecd6"])],
+            None,
+            "host h: numafleet_placements[0] (g).gpus lists 0000:31:00.0 twice (by address and "
+            "UUID); list it once",
+        ),
+        (
+            A100,
+            [p("a", gpus=1, node=0), p("b", gpus=["0000:31:00.0"])],
+            None,
+            "host h: numafleet_placements[1] (b) lists GPU 0000:31:00.0, already given to a; "
+            "list another GPU or use gpus: <count>",
+        ),
+        (
+            A100,
+            [p("g", gpus=["0000:31:00.0", "0000:b1:00.0"])],
+            None,
+            "host h: numafleet_placements[0] (g).gpus: the listed GPUs sit on nodes 0, 1; list "
+            "GPUs of one node or set allow_span: true",
+        ),
+        (
+            A100,
+            [p("n", node=2)],
+            None,
+            "host h: numafleet_placements[0] (n).node: node 2 does not exist (nodes: 0, 1); "
+            "pick an existing node",
+        ),
+        (
+            GH200,
+            [p("n", node=1)],
+            None,
+            "host h: numafleet_placements[0] (n).node: node 1 has no CPUs a placement can use "
+            "(kind memory-only); pick one of 0",
+        ),
+        (
+            A100,
+            [p("c", cpus="200")],
+            None,
+            "host h: numafleet_placements[0] (c).cpus: CPU 200 does not exist on this host (it "
+            "has 0-127); fix the cpulist",
+        ),
+        (
+            A100,
+            [p("c", cpus="0-3")],
+            {"reserved_cpus": "2"},
+            "host h: numafleet_placements[0] (c).cpus: CPU 2 is in numafleet_reserved_cpus; pin "
+            "other CPUs or shrink the reserved set",
+        ),
+        (
+            A100,
+            [p("a", cpus="4-7"), p("b", cpus="7-8")],
+            None,
+            "host h: numafleet_placements[1] (b).cpus: CPU 7 is already given to a; pin other "
+            "CPUs or use a count",
+        ),
+        (
+            A100,
+            [p("a", cpus="4-7", node=1)],
+            None,
+            "host h: numafleet_placements[0] (a): cpus 4-7 are on node(s) 0, not on node 1; drop "
+            "node: or pin CPUs of that node",
+        ),
+        (
+            A100,
+            [p("a")],
+            {"reserved_cpus": "0-200"},
+            "host h: numafleet_reserved_cpus: CPUs 128-200 are not on this host (it has 0-127); "
+            "fix the cpulist",
+        ),
+        (
+            A100,
+            [p("a")],
+            {"reserved_cpus": "32-63,96-127"},
+            "host h: numafleet_reserved_cpus covers every online CPU of node 1 (32-63,96-127); "
+            "leave at least one core of each node for placements",
+        ),
+        (
+            MI300X,
+            [p("a", gpus=1, mps={})],
+            None,
+            "host h: numafleet_placements[0] (a) needs a GPU for MPS and 4 CPUs on one NUMA node",
+        ),
+        (
+            MI300X,
+            [p("a", gpus=["0000:03:00.0"], mps={})],
+            None,
+            "host h: numafleet_placements[0] (a).mps: GPU 0000:03:00.0 has no UUID (not an NVIDIA "
+            "GPU?); MPS needs an NVIDIA GPU: remove mps",
+        ),
+        (
+            A100,
+            [p("a", gpus=1, environment={"CUDA_DEVICE_ORDER": "FASTEST_FIRST"})],
+            None,
+            "host h: numafleet_placements[0] (a).environment sets CUDA_DEVICE_ORDER, which the "
+            "planner sets for this placement from its GPUs; remove it",
+        ),
+    ],
+)
+def test_errors_name_host_placement_and_fix(machine_facts, machine, placements, policy, message):
+    with pytest.raises(PlanError) as err:
+        plan(machine_facts, machine, placements, policy=policy)
+    assert message in str(err.value)
+    assert str(err.value).startswith("host h: numafleet_")
+
+
+def test_offline_cpus_cannot_be_pinned():
+    numa = synthetic(offline=(3,))
+    with pytest.raises(PlacementError) as err:
+        plan_host("h", numa, None, [p("a", cpus="2-3")], [], POLICY)
+    assert str(err.value) == (
+        "host h: numafleet_placements[0] (a).cpus: CPU 3 is offline; pin online CPUs only"
+    )
+    result = plan_host("h", numa, None, [p("b", cpus=3, node=0)], [], POLICY)
+    assert 3 not in result["placements"][0]["cpus"]
+
+
+def test_offline_fixture_machine_plans_around_offline_cpus(machine_facts):
+    numa = json.loads((SYSFS / "16em64t-4s2c2t-offlines.numa.json").read_text(encoding="utf-8"))
+    offline = set(numa["cpus"]["offline"])
+    result = plan_host("h", numa, None, [p("a", cpus=8)], [], POLICY)
+    assert offline and not offline & set(result["placements"][0]["cpus"])
+
+
+def test_amd_gpus_have_no_cuda_visible_devices_and_warn(machine_facts):
+    result = plan(machine_facts, MI300X, [p("rocm", gpus=2)])
+    (entry,) = result["placements"]
+    assert (
+        entry["cuda_visible_devices"] == "" and "CUDA_VISIBLE_DEVICES" not in entry["environment"]
+    )
+    assert "has no UUID" in entry["warnings"][0]
+    assert addresses(entry) == ["0000:03:00.0", "0000:23:00.0"]
+
+
+def test_no_numa_facts_is_an_error():
+    with pytest.raises(PlanError, match="host h: no NUMA facts"):
+        plan_host("h", {}, None, [], [], POLICY)

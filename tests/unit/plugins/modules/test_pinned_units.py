@@ -1,0 +1,319 @@
+"""pinned_units through main(): check mode, apply, repeat, removal, systemctl use, errors."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import pytest
+
+UNIT_DIR = "etc/systemd/system"
+FAKE_SYSTEMCTL = """#!/bin/sh
+echo "$@" >> "{log}"
+if [ -n "$FAKE_SYSTEMCTL_FAIL" ]; then
+    echo "Failed to stop $3: $FAKE_SYSTEMCTL_FAIL" >&2
+    exit 1
+fi
+"""
+
+
+def placement(name, **overrides) -> dict:
+    base = {
+        "name": name,
+        "index": 0,
+        "unit": f"numafleet-{name}.service",
+        "unit_kind": "service",
+        "exec": "/usr/bin/sleep infinity",
+        "argv": ["/usr/bin/sleep", "infinity"],
+        "description": f"numafleet placement {name}",
+        "user": None,
+        "group": None,
+        "tenant": None,
+        "slice": "numafleet.slice",
+        "node": 0,
+        "nodes": [0],
+        "spans": False,
+        "cpus": [2, 3],
+        "cpus_requested": 2,
+        "mems": [0],
+        "memory_kb": 0,
+        "hugepages": None,
+        "gpus": [],
+        "cuda_visible_devices": "",
+        "mps": None,
+        "environment": {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ""},
+        "hardening": None,
+        "warnings": [],
+    }
+    base.update(overrides)
+    return base
+
+
+def make_plan(*names, dropin=False) -> dict:
+    placements = [
+        placement(name, tenant="team-a", slice="numafleet-team\\x2da.slice") for name in names
+    ]
+    if dropin:
+        placements.append(
+            placement("vllm", unit="vllm.service", unit_kind="dropin", exec=None, argv=[])
+        )
+    tenants = [
+        {
+            "name": "team-a",
+            "slice": "numafleet-team\\x2da.slice",
+            "memory_max_kb": None,
+            "description": None,
+            "cpus": [2, 3],
+            "mems": [0],
+            "placements": list(names),
+        }
+    ]
+    return {"version": 1, "host": "h1", "placements": placements, "tenants": tenants}
+
+
+def tree_hash(root) -> str:
+    digest = hashlib.sha256()
+    for base, dirs, files in sorted(os.walk(root)):
+        dirs.sort()
+        for name in sorted(dirs + files):
+            path = os.path.join(base, name)
+            digest.update(os.path.relpath(path, root).encode())
+            if os.path.isfile(path):
+                with open(path, "rb") as handle:
+                    digest.update(handle.read())
+    return digest.hexdigest()
+
+
+@pytest.fixture
+def scratch(tmp_path):
+    """A render root holding a foreign unit, which the module must never touch."""
+    root = tmp_path / "root"
+    (root / UNIT_DIR).mkdir(parents=True)
+    (root / UNIT_DIR / "foreign.service").write_text("[Service]\nExecStart=/usr/bin/true\n")
+    return root
+
+
+@pytest.fixture
+def systemctl(tmp_path, monkeypatch):
+    """A fake systemctl first in PATH; returns the log file of its calls (absent: never run)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "systemctl.log"
+    fake = bin_dir / "systemctl"
+    fake.write_text(FAKE_SYSTEMCTL.format(log=log))
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}")
+    monkeypatch.delenv("FAKE_SYSTEMCTL_FAIL", raising=False)
+    return log
+
+
+def args(root, plan, **extra) -> dict:
+    base = {"plan": plan, "root": str(root), "service_manager": "none"}
+    base.update(extra)
+    return base
+
+
+def test_check_mode_writes_nothing(run_module, scratch, systemctl):
+    before = tree_hash(scratch)
+    result = run_module(
+        "pinned_units",
+        args(scratch, make_plan("a", "b", dropin=True), service_manager="systemd"),
+        check_mode=True,
+        diff=True,
+    )
+    assert result["failed"] is False and result["changed"] is True
+    assert tree_hash(scratch) == before
+    assert not systemctl.exists()
+    assert result["units"]["new"] == ["numafleet-a.service", "numafleet-b.service", "vllm.service"]
+    assert result["slices"]["new"] == ["numafleet-team\\x2da.slice"]
+    assert result["reload_needed"] is True
+    assert result["would_run"] == [
+        "systemctl daemon-reload",
+        "systemctl restart vllm.service",
+        "systemctl enable --now numafleet-a.service",
+        "systemctl enable --now numafleet-b.service",
+    ]
+    assert result["ran"] == [] and result["handler_restart"] == [] and result["handler_start"] == []
+    assert [f["state"] for f in result["files"]] == ["create"] * 5
+    assert result["files"][-1]["path"] == "/etc/numafleet/manifest.json"
+    diff = result["diff"]
+    assert [d["after_header"] for d in diff] == [f["path"] for f in result["files"]]
+    assert all(set(d) == {"before_header", "after_header", "before", "after"} for d in diff)
+    assert all(d["before"] == "" and d["after"] for d in diff)
+    assert "ExecStart=" in diff[0]["after"]
+
+
+def test_apply_then_again_is_unchanged(run_module, scratch, systemctl):
+    module_args = args(scratch, make_plan("a", dropin=True), service_manager="systemd")
+    first = run_module("pinned_units", module_args)
+    assert first["failed"] is False and first["changed"] is True
+    service = scratch / UNIT_DIR / "numafleet-a.service"
+    assert service.read_text().startswith("# Managed by numafleet.tuning\n")
+    assert "Slice=numafleet-team\\x2da.slice\n" in service.read_text()
+    assert (scratch / UNIT_DIR / "numafleet-team\\x2da.slice").is_file()
+    assert (scratch / UNIT_DIR / "vllm.service.d" / "50-numafleet.conf").is_file()
+    assert first["handler_start"] == ["numafleet-a.service"]
+    assert first["handler_restart"] == ["vllm.service"]
+    assert first["ran"] == [] and not systemctl.exists()  # nothing to disable
+    manifest = json.loads((scratch / "etc/numafleet/manifest.json").read_text())
+    assert manifest["files"] == [
+        "/etc/systemd/system/numafleet-a.service",
+        "/etc/systemd/system/numafleet-team\\x2da.slice",
+        "/etc/systemd/system/vllm.service.d/50-numafleet.conf",
+    ]
+    assert manifest["units"] == [
+        "numafleet-a.service",
+        "numafleet-team\\x2da.slice",
+        "vllm.service",
+    ]
+
+    before = tree_hash(scratch)
+    again = run_module("pinned_units", module_args, diff=True)
+    assert again["failed"] is False and again["changed"] is False
+    assert again["diff"] == [] and again["reload_needed"] is False and again["would_run"] == []
+    assert again["handler_start"] == [] and again["handler_restart"] == []
+    assert {f["state"] for f in again["files"]} == {"unchanged"}
+    assert again["units"]["unchanged"] == ["numafleet-a.service", "vllm.service"]
+    assert tree_hash(scratch) == before
+
+
+def test_a_change_is_an_update_and_a_restart(run_module, scratch, systemctl):
+    run_module("pinned_units", args(scratch, make_plan("a"), service_manager="systemd"))
+    plan = make_plan("a")
+    plan["placements"][0]["cpus"] = [4, 5]
+    result = run_module(
+        "pinned_units", args(scratch, plan, service_manager="systemd"), check_mode=True, diff=True
+    )
+    assert result["units"]["changed"] == ["numafleet-a.service"]
+    assert result["would_run"] == [
+        "systemctl daemon-reload",
+        "systemctl restart numafleet-a.service",
+    ]
+    changed = [d for d in result["diff"] if d["after_header"].endswith("numafleet-a.service")]
+    assert "CPUAffinity=2-3" in changed[0]["before"] and "CPUAffinity=4-5" in changed[0]["after"]
+    applied = run_module("pinned_units", args(scratch, plan, service_manager="systemd"))
+    assert applied["handler_restart"] == ["numafleet-a.service"] and applied["handler_start"] == []
+    assert "CPUAffinity=4-5" in (scratch / UNIT_DIR / "numafleet-a.service").read_text()
+
+
+def test_removal_disables_and_removes_only_owned_files(run_module, scratch, systemctl):
+    run_module("pinned_units", args(scratch, make_plan("a", "b", dropin=True)))
+    foreign_dropin = scratch / UNIT_DIR / "vllm.service.d" / "10-user.conf"
+    foreign_dropin.write_text("[Service]\nNice=5\n")
+    foreign = tree_hash(scratch / UNIT_DIR / "foreign.service")
+
+    result = run_module("pinned_units", args(scratch, make_plan("a"), service_manager="systemd"))
+    assert result["failed"] is False and result["changed"] is True
+    assert result["units"]["removed"] == ["numafleet-b.service", "vllm.service"]
+    assert result["ran"] == ["systemctl disable --now numafleet-b.service"]
+    assert systemctl.read_text().splitlines() == ["disable --now numafleet-b.service"]
+    assert result["handler_restart"] == ["vllm.service"]
+    assert result["would_run"][0] == "systemctl disable --now numafleet-b.service"
+    assert not (scratch / UNIT_DIR / "numafleet-b.service").exists()
+    assert not (scratch / UNIT_DIR / "vllm.service.d" / "50-numafleet.conf").exists()
+    assert foreign_dropin.read_text() == "[Service]\nNice=5\n"
+    assert tree_hash(scratch / UNIT_DIR / "foreign.service") == foreign
+    manifest = json.loads((scratch / "etc/numafleet/manifest.json").read_text())
+    assert manifest["files"] == [
+        "/etc/systemd/system/numafleet-a.service",
+        "/etc/systemd/system/numafleet-team\\x2da.slice",
+    ]
+    states = {f["path"]: f["state"] for f in result["files"]}
+    assert states["/etc/systemd/system/numafleet-b.service"] == "remove"
+    assert states["/etc/numafleet/manifest.json"] == "update"
+
+
+def test_service_manager_none_never_runs_systemctl(run_module, scratch, systemctl):
+    run_module("pinned_units", args(scratch, make_plan("a", "b")))
+    result = run_module("pinned_units", args(scratch, make_plan()))
+    assert result["failed"] is False and result["changed"] is True
+    assert not systemctl.exists()
+    assert result["ran"] == [] and result["handler_restart"] == [] and result["handler_start"] == []
+    assert "systemctl disable --now numafleet-a.service" in result["would_run"]
+    assert not list((scratch / UNIT_DIR).glob("numafleet-*"))
+    assert (scratch / UNIT_DIR / "foreign.service").is_file()
+
+
+def test_failed_disable_fails_and_keeps_the_file(run_module, scratch, systemctl, monkeypatch):
+    run_module("pinned_units", args(scratch, make_plan("a", "b")))
+    monkeypatch.setenv("FAKE_SYSTEMCTL_FAIL", "Access denied")
+    result = run_module("pinned_units", args(scratch, make_plan("a"), service_manager="systemd"))
+    assert result["failed"] is True
+    assert "systemctl disable --now numafleet-b.service failed (rc 1)" in result["msg"]
+    assert "Access denied" in result["msg"]
+    assert (scratch / UNIT_DIR / "numafleet-b.service").is_file()
+
+
+def test_first_run_with_nothing_planned_writes_nothing(run_module, scratch):
+    before = tree_hash(scratch)
+    result = run_module("pinned_units", args(scratch, make_plan()))
+    assert result["changed"] is False and result["files"] == []
+    assert tree_hash(scratch) == before
+
+
+@pytest.mark.parametrize(
+    ("mutate", "fragment"),
+    [
+        (lambda p: p.update(version=7), "host h1: plan version is 7"),
+        (
+            lambda p: p["placements"][0].update(argv=["/usr/bin/sleep", "1\n2"]),
+            "host h1: plan placements[0] (a).exec: '1\\n2' holds the control character U+000A",
+        ),
+        (
+            lambda p: p["placements"][0]["environment"].update({"BAD-KEY": "x"}),
+            "'BAD-KEY' is not an environment variable name",
+        ),
+        (lambda p: p["placements"][0].pop("cpus"), "plan placements[0] (a) has no 'cpus'"),
+    ],
+)
+def test_bad_plan_fails_with_message(run_module, scratch, mutate, fragment):
+    plan = make_plan("a")
+    mutate(plan)
+    before = tree_hash(scratch)
+    result = run_module("pinned_units", args(scratch, plan))
+    assert result["failed"] is True
+    assert fragment in result["msg"]
+    assert tree_hash(scratch) == before
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        ({"unit_dir": "etc/systemd/system"}, "unit_dir: 'etc/systemd/system' is not an absolute"),
+        ({"manifest_path": "manifest.json"}, "manifest_path: 'manifest.json' is not an absolute"),
+        ({"header": "Managed"}, "header: line 'Managed' is not a comment"),
+        ({"service_manager": "openrc"}, "service_manager"),
+    ],
+)
+def test_bad_options_fail_with_message(run_module, scratch, extra, fragment):
+    result = run_module("pinned_units", args(scratch, make_plan("a"), **extra))
+    assert result["failed"] is True and fragment in result["msg"]
+
+
+def test_bad_manifest_fails_with_its_path(run_module, scratch):
+    manifest = scratch / "etc/numafleet/manifest.json"
+    manifest.parent.mkdir(parents=True)
+    manifest.write_text("{not json")
+    result = run_module("pinned_units", args(scratch, make_plan("a")))
+    assert result["failed"] is True
+    assert str(manifest) in result["msg"] and "is not JSON" in result["msg"]
+
+
+def test_options_reach_the_files(run_module, scratch):
+    result = run_module(
+        "pinned_units",
+        args(
+            scratch,
+            make_plan("a"),
+            unit_dir="/run/systemd/system",
+            manifest_path="/var/lib/numafleet/m.json",
+            header="#\n# Ansible managed\n#",
+            hardening=False,
+        ),
+    )
+    assert result["failed"] is False
+    text = (scratch / "run/systemd/system/numafleet-a.service").read_text()
+    assert text.startswith("#\n# Ansible managed\n#\n\n[Unit]\n")
+    assert "NoNewPrivileges" not in text
+    assert (scratch / "var/lib/numafleet/m.json").is_file()
