@@ -21,6 +21,7 @@ from .placements import (
     parse_policy,
     parse_tenants,
 )
+from .units import slice_name
 
 PLAN_VERSION = 1
 CPU_KINDS = ("cpu+memory", "cpu-only")
@@ -32,9 +33,10 @@ _ID = itemgetter("id")
 _SIBLINGS = methodcaller("get", "siblings")
 
 
-def tenant_slice(name: str) -> str:
-    """systemd slice unit of a tenant: numafleet-<name with '-' escaped as \\x2d>.slice."""
-    return "numafleet-" + name.replace("-", "\\x2d") + ".slice"
+def _count(number: int, noun: str, with_number: bool = True) -> str:
+    """'1 GPU', '2 GPUs' (or just the noun in the right number)."""
+    word = noun if number == 1 else noun + "s"
+    return f"{number} {word}" if with_number else word
 
 
 def _short_address(address: str) -> str:
@@ -238,7 +240,8 @@ class _Host:
         if missing:
             raise PlacementError(
                 self.host,
-                f"{RESERVED_VAR}: CPUs {format_cpulist(missing)} are not on this host (it has "
+                f"{RESERVED_VAR}: {_count(len(missing), 'CPU', False)} {format_cpulist(missing)} "
+                f"{'is' if len(missing) == 1 else 'are'} not on this host (it has "
                 f"{format_cpulist(self.cpu_node)}); fix the cpulist",
             )
         if not self.reserved:
@@ -297,14 +300,15 @@ class _Host:
             kind = self.node[nid].get("kind")
             if kind not in CPU_KINDS and kind not in MEMORY_KINDS:
                 continue
-            text = f"node{nid} {len(self.free_whole.get(nid, ()))} GPUs, {self.free_cpus.get(nid, 0)} CPUs"
+            gpus, cpus = len(self.free_whole.get(nid, ())), self.free_cpus.get(nid, 0)
+            text = f"node{nid} {_count(gpus, 'GPU')}, {_count(cpus, 'CPU')}"
             if nid in self.budget:
                 text += f", {format_kb(max(self.budget[nid] - self.used_kb[nid], 0))} memory"
             else:
                 text += ", no memory"
             parts.append(text)
         if self.free_unknown:
-            parts.append(f"{len(self.free_unknown)} GPUs of unknown node")
+            parts.append(f"{_count(len(self.free_unknown), 'GPU')} of unknown node")
         return "; ".join(parts)
 
     # -- resources -------------------------------------------------------------------------
@@ -698,31 +702,33 @@ class _Planner:
         cpu_free = max((state.free_cpus.get(n, 0) for n in nodes), default=0)
         hp_kb = p.hugepages.size_kb * p.hugepages.count if p.hugepages else 0
         if p.mig_profile is not None:
-            need = f"needs a free {p.mig_profile} MIG slot and {p.cpu_count} CPUs {on}"
+            need = f"needs a free {p.mig_profile} MIG slot and {_count(p.cpu_count, 'CPU')} {on}"
             fix = "Pick a smaller mig_profile, free a slot, or remove another placement."
         elif listed:
             need = (
-                f"needs {p.cpu_count} CPUs and {format_kb(p.memory_kb + hp_kb)} memory next to "
+                f"needs {_count(p.cpu_count, 'CPU')} and {format_kb(p.memory_kb + hp_kb)} memory next to "
                 f"GPU(s) {', '.join(g.address for g in listed)}"
             )
             fix = "Lower cpus or memory, set allow_span: true, or remove another placement."
         elif p.gpu_count and p.mps is None and gpu_free < p.gpu_count:
-            need = f"needs {p.gpu_count} GPUs {on}"
+            need = f"needs {_count(p.gpu_count, 'GPU')} {on}"
             fix = "Lower gpus, set allow_span: true, or remove another placement."
         elif p.mps is not None:
-            need = f"needs a GPU for MPS and {p.cpu_count} CPUs {on}"
+            need = f"needs a GPU for MPS and {_count(p.cpu_count, 'CPU')} {on}"
             fix = "Lower cpus or pinned_memory_limit, or remove another placement."
         elif cpu_free < p.cpu_count:
-            need = f"needs {p.cpu_count} CPUs {on}"
+            need = f"needs {_count(p.cpu_count, 'CPU')} {on}"
             fix = "Lower cpus, set allow_span: true, or remove another placement."
         elif p.memory_kb + hp_kb:
             need = (
-                f"needs {format_kb(p.memory_kb + hp_kb)} memory (hugepages included) within the "
-                f"budget of the memory node next to its CPUs {on}"
+                f"needs {format_kb(p.memory_kb + hp_kb)} memory (hugepages included) on the memory "
+                f"node next to its CPUs {on}, within the budget (capacity minus headroom)"
             )
             fix = f"Lower memory or hugepages, lower {HEADROOM_VAR}, or remove another placement."
         else:
-            need = f"needs {p.gpu_count} GPUs and {p.cpu_count} CPUs together {on}"
+            need = (
+                f"needs {_count(p.gpu_count, 'GPU')} and {_count(p.cpu_count, 'CPU')} together {on}"
+            )
             fix = "Lower gpus or cpus, set allow_span: true, or remove another placement."
         if p.allow_span:
             need += " (even spanning nodes)"
@@ -836,7 +842,7 @@ class _Planner:
             environment[key] = value
         for text in warnings:
             self.warnings.append(f"placement {p.name}: {text}")
-        tenant_slice_name = tenant_slice(p.tenant) if p.tenant else DEFAULT_SLICE
+        tenant_slice_name = slice_name(p.tenant) if p.tenant else DEFAULT_SLICE
         return {
             "name": p.name,
             "index": p.index,
@@ -1079,7 +1085,7 @@ def plan_host(host, numa, gpu_topology, placements, tenants, policy) -> dict:
         tenants_out.append(
             {
                 "name": tenant.name,
-                "slice": tenant_slice(tenant.name),
+                "slice": slice_name(tenant.name),
                 "memory_max_kb": tenant.memory_max_kb,
                 "description": tenant.description,
                 "cpus": sorted({cpu for entry in members for cpu in entry["cpus"]}),
@@ -1153,4 +1159,4 @@ def plan_summary(plan: dict) -> str:
     return line
 
 
-__all__ = ["PLACEMENTS_VAR", "plan_host", "plan_summary", "tenant_slice"]
+__all__ = ["PLACEMENTS_VAR", "plan_host", "plan_summary"]

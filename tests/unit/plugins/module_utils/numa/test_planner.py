@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import trees  # tests/unit/fixtures/trees.py (on sys.path through tests/unit/conftest.py)
 
-from ansible_collections.numafleet.tuning.plugins.module_utils.numa import gpu
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import gpu, units
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import (
     PlacementError,
     PlanError,
@@ -18,7 +18,6 @@ from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors impor
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.planner import (
     plan_host,
     plan_summary,
-    tenant_slice,
 )
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.sysfs import Reader
 
@@ -268,9 +267,10 @@ def test_memory_budget_keeps_the_headroom(machine_facts):
     with pytest.raises(PlanError) as err:
         plan(machine_facts, A100, [p("big", node=0, memory=(budget + 1) * 1024)])
     assert str(err.value).startswith(
-        "host h: numafleet_placements[0] (big) needs 214.1 GiB memory (hugepages included) "
-        "within the budget of the memory node next to its CPUs on NUMA node 0; free per node: "
-        "node0 1 GPUs, 64 CPUs, 214.1 GiB memory; node1 2 GPUs, 64 CPUs, 216.3 GiB memory. "
+        "host h: numafleet_placements[0] (big) needs 214.1 GiB memory (hugepages included) on "
+        "the memory node next to its CPUs on NUMA node 0, within the budget (capacity minus "
+        "headroom); free per node: "
+        "node0 1 GPU, 64 CPUs, 214.1 GiB memory; node1 2 GPUs, 64 CPUs, 216.3 GiB memory. "
         "Lower memory or hugepages, lower numafleet_memory_headroom_pct"
     )
     zero = plan(
@@ -567,7 +567,7 @@ def test_two_tenants_get_slices_with_the_union_of_their_placements(machine_facts
     ],
 )
 def test_tenant_slices_are_systemd_escaped(name, slice_name):
-    assert tenant_slice(name) == slice_name
+    assert units.slice_name(name) == slice_name
 
 
 def test_unit_placements_are_dropins(machine_facts):
@@ -695,7 +695,7 @@ def test_span_only_when_no_single_node_fits(machine_facts):
             [p("big", gpus=3)],
             None,
             "host h: numafleet_placements[0] (big) needs 3 GPUs on one NUMA node; free per node: "
-            "node0 1 GPUs, 64 CPUs, 214.1 GiB memory; node1 2 GPUs, 64 CPUs, 216.3 GiB memory. "
+            "node0 1 GPU, 64 CPUs, 214.1 GiB memory; node1 2 GPUs, 64 CPUs, 216.3 GiB memory. "
             "Lower gpus, set allow_span: true, or remove another placement.",
         ),
         (
@@ -710,14 +710,14 @@ def test_span_only_when_no_single_node_fits(machine_facts):
             H100,
             [p("a", gpus=8, cpus=8, allow_span=True), p("b", gpus=1)],
             None,
-            "host h: numafleet_placements[1] (b) needs 1 GPUs on one NUMA node; free per node: "
+            "host h: numafleet_placements[1] (b) needs 1 GPU on one NUMA node; free per node: "
             "node0 0 GPUs, 104 CPUs",
         ),
         (
             A100,
             [p("big", cpus=300, allow_span=True)],
             None,
-            "needs 300 CPUs on one NUMA node (even spanning nodes); free per node: node0 1 GPUs, "
+            "needs 300 CPUs on one NUMA node (even spanning nodes); free per node: node0 1 GPU, "
             "64 CPUs, 214.1 GiB memory; node1 2 GPUs, 64 CPUs, 216.3 GiB memory. Lower cpus, or "
             "remove another placement.",
         ),
@@ -726,7 +726,7 @@ def test_span_only_when_no_single_node_fits(machine_facts):
             [p("n", node=1, cpus=8), p("m", node=1, cpus=60)],
             None,
             "host h: numafleet_placements[1] (m) needs 60 CPUs on NUMA node 1; free per node: "
-            "node0 1 GPUs, 64 CPUs, 214.1 GiB memory; node1 2 GPUs, 56 CPUs",
+            "node0 1 GPU, 64 CPUs, 214.1 GiB memory; node1 2 GPUs, 56 CPUs",
         ),
         (
             A100,
