@@ -33,7 +33,7 @@ help:
 	@echo "make demo           materialise .demo/ and run site.yml on the demo fleet (render mode)"
 	@echo "make test           lint + sanity + units + integration + system (the CI gate)"
 	@echo "make lint|sanity|units|system|changelog-lint   one layer at a time"
-	@echo "make bench          run benchmarks/facts.py, results in benchmarks/results/"
+	@echo "make bench          run benchmarks/facts.py and benchmarks/planner.py, results in benchmarks/results/"
 	@echo "make integration    ansible-test integration on a copy of the tree"
 	@echo "make format         ruff format + safe ruff fixes on plugins/ tests/ benchmarks/ .ci/"
 	@echo "make changelog      release notes for galaxy.yml's version from changelogs/fragments"
@@ -97,6 +97,7 @@ sanity: setup
 # Layer 3; not part of `make test`.
 bench: setup
 	$(BIN)/python benchmarks/facts.py
+	$(BIN)/python benchmarks/planner.py
 
 integration: setup
 	.ci/ansible-test integration $(ANSIBLE_TEST_ARGS)

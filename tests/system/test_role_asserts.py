@@ -26,15 +26,25 @@ CASES = {
     ),
     "relative-root": (
         {"pinned_services_plan": _plan("relative-root"), "pinned_services_render_root": "render"},
-        ["host relative-root: pinned_services_render_root is 'render'", "absolute directory"],
+        [
+            "host relative-root: pinned_services_render_root (numafleet_render_root in site.yml) "
+            "is 'render'",
+            "absolute directory",
+        ],
         "Check the render root",
     ),
     "slash-root": (
         {"pinned_services_plan": _plan("slash-root"), "pinned_services_render_root": "//"},
         [
             "render mode needs an absolute directory other than /",
-            "leave pinned_services_render_root unset",
+            "leave it unset (null)",
         ],
+        "Check the render root",
+    ),
+    # A template that came out empty must not switch a review run to applying on the host.
+    "empty-root": (
+        {"pinned_services_plan": _plan("empty-root"), "pinned_services_render_root": ""},
+        ["host empty-root: pinned_services_render_root", "is ''", "an empty string is refused"],
         "Check the render root",
     ),
 }

@@ -7,6 +7,7 @@ hugepage sizes, CPUs) is checked by the planner with the same kind of messages.
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 from dataclasses import dataclass
@@ -59,6 +60,12 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _QUOTING = re.compile(r"['\"\\]")
 _MULTIPLIER = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _GPU_ADDRESS = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+# BB:DD.F, the form without the PCI domain that lspci and the plan summary print.
+GPU_SHORT_ADDRESS = re.compile(r"^[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+# Units this collection writes itself (numafleet-<placement>.service): never a drop-in target.
+GENERATED_UNIT_PREFIX = "numafleet-"
+_MIB_KB = 1024
+_CONTROL_NAMES = {"\t": "a tab", "\n": "a newline", "\r": "a carriage return"}
 
 
 @dataclass(frozen=True)
@@ -171,13 +178,26 @@ def _check_text(host: str, where: str, key: str, value) -> str:
         return value
     if not isinstance(value, str):
         raise _fail(host, f"{where}.{key}: {value!r} is not a string; quote it in YAML")
-    if _CONTROL.search(value):
+    found = _CONTROL.search(value)
+    if found:
+        char, position = found.group(), found.start()
+        name = _CONTROL_NAMES.get(char, f"{char!r}")
         raise _fail(
             host,
-            f"{where}.{key} contains a control character or newline ({value[:60]!r}); "
-            "write it on one line without control characters",
+            f"{where}.{key} contains a control character or newline ({name} at character "
+            f"{position + 1} of {_excerpt(value, position)}); write it on one line without "
+            "control characters",
         )
     return value
+
+
+def _excerpt(value: str, position: int) -> str:
+    """repr() of value (escapes shown as \\t, \\n...), cut to 120 characters around position."""
+    if len(value) <= 120:
+        return repr(value)
+    start = max(0, min(position - 60, len(value) - 120))
+    text = repr(value[start : start + 120])
+    return ("..." if start else "") + text + ("..." if start + 120 < len(value) else "")
 
 
 def _check_keys(host: str, where: str, entry: dict, allowed: tuple) -> None:
@@ -196,6 +216,19 @@ def _size(host: str, where: str, key: str, value) -> int:
     kb = parse_size_kb(value)
     if kb is None:
         raise _fail(host, f"{where}.{key}: {value!r} is not a size; write e.g. 64G or 512M")
+    if 0 < kb < _MIB_KB:
+        text = str(value).strip()
+        if text.isdigit():  # no unit: bytes, as systemd reads MemoryMax=64
+            raise _fail(
+                host,
+                f"{where}.{key}: {text} is {text} bytes; write {text}G or {text}M (a number "
+                "without a unit counts bytes, and sizes under 1 MiB are refused as a slip)",
+            )
+        raise _fail(
+            host,
+            f"{where}.{key}: {value!r} is under 1 MiB, too small to be meant; write the size "
+            "in M or G, e.g. 512M",
+        )
     return kb
 
 
@@ -253,7 +286,9 @@ def _gpus(host: str, where: str, value) -> tuple:
                 "UUIDs (GPU-...)",
             )
         ident = item.strip()
-        ident = ident.lower() if _GPU_ADDRESS.match(ident.lower()) else ident
+        lower = ident.lower()
+        if _GPU_ADDRESS.match(lower) or GPU_SHORT_ADDRESS.match(lower):
+            ident = lower
         if ident in ids:
             raise _fail(host, f"{where}.gpus lists {ident} twice; list each GPU once")
         ids.append(ident)
@@ -269,6 +304,9 @@ def _cpus(host: str, where: str, value) -> tuple:
         return value, None
     if not isinstance(value, str):
         raise _fail(host, f"{where}.cpus: {value!r} is neither a count nor a cpulist string")
+    bare = value.strip()
+    if bare.isascii() and bare.isdigit():
+        raise _ambiguous_cpus(host, where, value, int(bare))
     try:
         cpus = parse_cpulist(value)
     except CpulistError as exc:
@@ -278,6 +316,20 @@ def _cpus(host: str, where: str, value) -> tuple:
     if not cpus:
         raise _fail(host, f"{where}.cpus: {value!r} names no CPU; write a count or a cpulist")
     return len(cpus), tuple(cpus)
+
+
+def _ambiguous_cpus(host: str, where: str, value: str, cpu: int) -> PlacementError:
+    count = (
+        f"write cpus: {cpu} for a count of {cpu} CPU{'' if cpu == 1 else 's'}, or"
+        if cpu
+        else "a count is at least 1; write"
+    )
+    return _fail(
+        host,
+        f"{where}.cpus: {value!r} is ambiguous (a quoted number: a count, or CPU {cpu} alone?); "
+        f'{count} a cpulist like "{cpu},{cpu + 64}" / "{cpu}-{cpu + 1}" to pin CPUs '
+        f'("{cpu}-{cpu}" pins CPU {cpu} alone)',
+    )
 
 
 def _hugepages(host: str, where: str, value) -> Optional[Hugepages]:
@@ -385,12 +437,28 @@ def _identity(host: str, where: str, entry: dict) -> tuple:
             raise _fail(
                 host, f"{where}.unit: {unit!r} is not a service unit name; write e.g. vllm.service"
             )
+        if unit.startswith(GENERATED_UNIT_PREFIX):
+            raise _fail(
+                host,
+                f"{where}.unit: {unit} is a unit this collection generates "
+                f"({GENERATED_UNIT_PREFIX}*.service, one per exec placement); pin your own "
+                "service's unit, or give this placement exec: and let the collection write its unit",
+            )
         return None, (), unit, None, None
     argv = _split_exec(host, where, exec_text)
     for key, value in (("user", user), ("group", group)):
         if value is not None and (not isinstance(value, str) or not _USER.match(value)):
             raise _fail(host, f"{where}.{key}: {value!r} is not a valid {key} name; write e.g. llm")
     return exec_text, argv, None, user, group
+
+
+def _not_text_name(host: str, here: str, name, example: str) -> PlacementError:
+    if isinstance(name, (int, float)) and not isinstance(name, bool):
+        return _fail(
+            host,
+            f'{here}.name: {name!r} is a number, not a string; quote it in YAML (name: "{name}")',
+        )
+    return _fail(host, f"{here}.name: {name!r} is not a string; write a name such as {example}")
 
 
 def _placement(host: str, index: int, entry, tenants: set) -> Placement:
@@ -400,7 +468,9 @@ def _placement(host: str, index: int, entry, tenants: set) -> Placement:
     name = entry.get("name")
     if name is None:
         raise _fail(host, f"{here}: name is missing; add name: (it names the unit)")
-    if not isinstance(name, str) or not _PLACEMENT_NAME.match(name):
+    if name.__class__ is not str:
+        raise _not_text_name(host, here, name, "llm")
+    if not _PLACEMENT_NAME.match(name):
         raise _fail(
             host,
             f"{here}.name: {name!r} is not a valid name; use 1-63 of a-z 0-9 _ . - "
@@ -498,6 +568,8 @@ def parse_tenants(host: str, raw) -> list:
             raise _fail(host, f"{here}: {entry!r} is not a mapping; write {{name: team-a}}")
         _check_keys(host, here, entry, TENANT_KEYS)
         name = entry.get("name")
+        if name is not None and not isinstance(name, str):
+            raise _not_text_name(host, here, name, "team-a")
         if not isinstance(name, str) or not _TENANT_NAME.match(name):
             raise _fail(
                 host,
@@ -534,6 +606,7 @@ def parse_placements(host: str, raw, tenants: list) -> list:
     names = {tenant.name for tenant in tenants}
     placements: list = []
     seen: dict = {}
+    units: dict = {}
     for index, entry in enumerate(raw):
         placement = _placement(host, index, entry, names)
         if placement.name in seen:
@@ -543,8 +616,31 @@ def parse_placements(host: str, raw, tenants: list) -> list:
                 f"[{seen[placement.name]}]; names must be unique (they name the units)",
             )
         seen[placement.name] = index
+        unit = placement.unit
+        if unit is not None:
+            if unit in units:
+                first = placements[units[unit]]
+                raise _fail(
+                    host,
+                    f"{placement.where}.unit: {unit} is already pinned by {first.where}; a unit "
+                    "gets one drop-in, so merge the two placements into one or pin another unit",
+                )
+            units[unit] = index
         placements.append(placement)
     return placements
+
+
+def _reserved_item(host: str, position: int, cpu) -> int:
+    """A CPU number of a numafleet_reserved_cpus list: an int or a string of digits."""
+    if _is_int(cpu) and cpu >= 0:
+        return cpu
+    if isinstance(cpu, str) and cpu.strip().isascii() and cpu.strip().isdigit():
+        return int(cpu.strip())
+    raise _fail(
+        host,
+        f"{RESERVED_VAR}[{position}]: {cpu!r} is not a CPU number; list CPU numbers "
+        "([0, 64] or ['0', '64']) or write one cpulist string ('0-1,64-65')",
+    )
 
 
 def parse_policy(host: str, raw: Optional[dict]) -> Policy:
@@ -554,8 +650,10 @@ def parse_policy(host: str, raw: Optional[dict]) -> Policy:
     if reserved is None:
         reserved = ""
     cpus: Union[list, tuple]
-    if isinstance(reserved, list) and all(_is_int(cpu) and cpu >= 0 for cpu in reserved):
-        cpus = sorted(set(reserved))
+    if isinstance(reserved, list):
+        cpus = sorted(
+            {_reserved_item(host, position, cpu) for position, cpu in enumerate(reserved)}
+        )
     elif _is_int(reserved) and reserved >= 0:
         cpus = [reserved]
     elif isinstance(reserved, str):
@@ -570,6 +668,13 @@ def parse_policy(host: str, raw: Optional[dict]) -> Policy:
     headroom = raw.get("memory_headroom_pct")
     if headroom is None:
         headroom = DEFAULT_HEADROOM_PCT
+    if isinstance(headroom, float):
+        example = int(headroom) if math.isfinite(headroom) and 0 <= headroom <= 90 else 15
+        raise _fail(
+            host,
+            f"{HEADROOM_VAR}: {headroom!r} must be a whole number (a percentage 0..90 without a "
+            f"decimal point); write e.g. {example}",
+        )
     if not _is_int(headroom) or not 0 <= headroom <= 90:
         raise _fail(
             host,

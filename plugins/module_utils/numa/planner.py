@@ -13,9 +13,11 @@ from typing import Optional
 from .cpulist import format_cpulist
 from .errors import PlacementError, PlanError
 from .placements import (
+    GPU_SHORT_ADDRESS,
     HEADROOM_VAR,
     PLACEMENTS_VAR,
     RESERVED_VAR,
+    TENANTS_VAR,
     format_kb,
     parse_placements,
     parse_policy,
@@ -393,22 +395,45 @@ class _Planner:
 
     # -- request checks against the facts --------------------------------------------------
 
+    def _gpu_of(self, p, ident: str) -> _Gpu:
+        """The GPU a gpus: entry names (PCI address, BB:DD.F short address or UUID)."""
+        state = self.state
+        gpu = state.gpu_by_id.get(ident)
+        if gpu is not None:
+            return gpu
+        if GPU_SHORT_ADDRESS.match(ident):
+            matches = [g for g in state.gpus if g.address.partition(":")[2] == ident]
+            if len(matches) == 1:
+                return matches[0]
+            if matches:
+                raise PlacementError(
+                    state.host,
+                    f"{p.where}.gpus: {ident} is ambiguous: it matches GPUs "
+                    f"{', '.join(g.address for g in matches)} (several PCI domains); write the "
+                    f"full address with its domain, e.g. {matches[0].address}",
+                )
+        known = ", ".join(g.address for g in state.gpus) or "none"
+        raise PlacementError(
+            state.host,
+            f"{p.where}.gpus: {ident} is not a GPU of this host (known: {known}); "
+            "list PCI addresses or UUIDs from ansible_facts.gpu_topology",
+        )
+
     def _listed_gpus(self, p) -> list:
         state = self.state
         gpus = []
         for ident in p.gpu_ids or ():
-            gpu = state.gpu_by_id.get(ident)
-            if gpu is None:
-                known = ", ".join(g.address for g in state.gpus) or "none"
-                raise PlacementError(
-                    state.host,
-                    f"{p.where}.gpus: {ident} is not a GPU of this host (known: {known}); "
-                    "list PCI addresses or UUIDs from ansible_facts.gpu_topology",
-                )
+            gpu = self._gpu_of(p, ident)
             if gpu in gpus:
+                first = p.gpu_ids[gpus.index(gpu)]
+                how = (
+                    "by address and UUID"
+                    if gpu.uuid in (first, ident)
+                    else f"as {first} and {ident}"
+                )
                 raise PlacementError(
                     state.host,
-                    f"{p.where}.gpus lists {gpu.address} twice (by address and UUID); list it once",
+                    f"{p.where}.gpus lists {gpu.address} twice ({how}); list it once",
                 )
             gpus.append(gpu)
         for gpu in gpus:
@@ -518,6 +543,42 @@ class _Planner:
                 "or pin CPUs of that node",
             )
         return sorted(nodes)
+
+    def _check_gpu_nodes(self, p, listed: list, pinned_nodes: Optional[list]) -> None:
+        """Refuse node: or pinned cpus on another node than a listed GPU (unless allow_span)."""
+        state = self.state
+        known = [g for g in listed if g.node is not None and g.cpu_node is not None]
+        if not known:
+            return
+        gpu_nodes = {g.cpu_node for g in known}
+        if len(gpu_nodes) > 1:
+            raise PlacementError(
+                state.host,
+                f"{p.where}.gpus: the listed GPUs sit on nodes "
+                f"{', '.join(str(n) for n in sorted(gpu_nodes))}; list GPUs of one node or set "
+                "allow_span: true",
+            )
+        if p.node is not None and p.node not in gpu_nodes:
+            gpu = known[0]
+            near = "" if gpu.cpu_node == gpu.node else f" (its nearest CPUs: node {gpu.cpu_node})"
+            raise PlacementError(
+                state.host,
+                f"{p.where}.node: node {p.node} is not the node of GPU {gpu.address}, which is "
+                f"on node {gpu.node}{near}; drop node: (the CPUs follow the GPUs), list GPUs of "
+                f"node {p.node}, or set allow_span: true to run the CPUs on node {p.node} anyway",
+            )
+        if pinned_nodes is not None:
+            away = [n for n in pinned_nodes if n not in gpu_nodes]
+            if away:
+                gpu = known[0]
+                away_cpus = [c for c in p.cpu_list if state.cpu_node[c] in away]
+                raise PlacementError(
+                    state.host,
+                    f"{p.where}.cpus: CPUs {format_cpulist(away_cpus)} are on node "
+                    f"{', '.join(str(n) for n in away)}, but GPU {gpu.address} is on node "
+                    f"{gpu.node}; pin CPUs of node {gpu.cpu_node}, list GPUs of node "
+                    f"{away[0]}, or set allow_span: true to keep the CPUs away from the GPU",
+                )
 
     def _check_node(self, p) -> None:
         state = self.state
@@ -695,15 +756,38 @@ class _Planner:
             return fit
         return None
 
-    def _infeasible(self, p, nodes: list, listed: list) -> PlanError:
+    def _free_mig_profiles(self, listed: list) -> list:
+        """Names of the MIG profiles that still have a free slot on the (listed) MIG GPUs."""
+        gpus = [g for g in listed or self.state.gpus if g.mig_capable]
+        return sorted({name for g in gpus for name in g.mig_profiles if g.mig_pick(name)})
+
+    def _infeasible(self, p, nodes: list, listed: list, spanned: bool) -> PlanError:
         state = self.state
-        on = f"on NUMA node {p.node}" if p.node is not None else "on one NUMA node"
-        gpu_free = max((len(state.free_whole.get(n, ())) for n in nodes), default=0)
-        cpu_free = max((state.free_cpus.get(n, 0) for n in nodes), default=0)
+        if spanned:  # nodes were tried together: what is short is short on the whole host
+            on = f" from NUMA node {p.node}" if p.node is not None else ""
+            gpu_free = sum(len(state.free_whole.get(n, ())) for n in state.cpu_nodes)
+            cpu_free = sum(state.free_cpus.get(n, 0) for n in state.cpu_nodes)
+        else:
+            on = f" on NUMA node {p.node}" if p.node is not None else " on one NUMA node"
+            gpu_free = max((len(state.free_whole.get(n, ())) for n in nodes), default=0)
+            cpu_free = max((state.free_cpus.get(n, 0) for n in nodes), default=0)
         hp_kb = p.hugepages.size_kb * p.hugepages.count if p.hugepages else 0
         if p.mig_profile is not None:
-            need = f"needs a free {p.mig_profile} MIG slot and {_count(p.cpu_count, 'CPU')} {on}"
-            fix = "Pick a smaller mig_profile, free a slot, or remove another placement."
+            need = f"needs a free {p.mig_profile} MIG slot and {_count(p.cpu_count, 'CPU')}{on}"
+            free = self._free_mig_profiles(listed)
+            where = f"GPU {listed[0].address}" if listed else "the MIG GPUs"
+            if p.mig_profile in free:
+                fix = "Lower cpus or memory, or remove another placement."
+            elif free:
+                fix = (
+                    f"Profiles with a free slot on {where}: {', '.join(free)}; pick one of "
+                    "those, free a slot, or remove another placement."
+                )
+            else:
+                fix = (
+                    f"No MIG profile has a free slot left on {where}; free a slot or remove "
+                    "another placement."
+                )
         elif listed:
             need = (
                 f"needs {_count(p.cpu_count, 'CPU')} and {format_kb(p.memory_kb + hp_kb)} memory next to "
@@ -711,27 +795,30 @@ class _Planner:
             )
             fix = "Lower cpus or memory, set allow_span: true, or remove another placement."
         elif p.gpu_count and p.mps is None and gpu_free < p.gpu_count:
-            need = f"needs {_count(p.gpu_count, 'GPU')} {on}"
+            need = f"needs {_count(p.gpu_count, 'GPU')}{on}"
+            if spanned:
+                need = f"needs {_count(p.gpu_count, 'GPU')} and {_count(p.cpu_count, 'CPU')}{on}"
             fix = "Lower gpus, set allow_span: true, or remove another placement."
         elif p.mps is not None:
-            need = f"needs a GPU for MPS and {_count(p.cpu_count, 'CPU')} {on}"
+            need = f"needs a GPU for MPS and {_count(p.cpu_count, 'CPU')}{on}"
             fix = "Lower cpus or pinned_memory_limit, or remove another placement."
         elif cpu_free < p.cpu_count:
-            need = f"needs {_count(p.cpu_count, 'CPU')} {on}"
+            need = f"needs {_count(p.cpu_count, 'CPU')}{on}"
             fix = "Lower cpus, set allow_span: true, or remove another placement."
         elif p.memory_kb + hp_kb:
             need = (
                 f"needs {format_kb(p.memory_kb + hp_kb)} memory (hugepages included) on the memory "
-                f"node next to its CPUs {on}, within the budget (capacity minus headroom)"
+                f"node next to its CPUs{on}, within the budget (capacity minus headroom)"
             )
             fix = f"Lower memory or hugepages, lower {HEADROOM_VAR}, or remove another placement."
         else:
             need = (
-                f"needs {_count(p.gpu_count, 'GPU')} and {_count(p.cpu_count, 'CPU')} together {on}"
+                f"needs {_count(p.gpu_count, 'GPU')} and {_count(p.cpu_count, 'CPU')} together{on}"
             )
             fix = "Lower gpus or cpus, set allow_span: true, or remove another placement."
+        if spanned:
+            need += ", even spanning nodes"
         if p.allow_span:
-            need += " (even spanning nodes)"
             fix = fix.replace(" set allow_span: true,", "")
         return state.fail(p, f"{need}; free per node: {state.free_text()}. {fix}")
 
@@ -748,20 +835,14 @@ class _Planner:
         if p.node is not None:
             self._check_node(p)
         pinned_nodes = self._explicit_cpus(p, warnings) if p.cpu_list is not None else None
+        if listed and not p.allow_span:
+            self._check_gpu_nodes(p, listed, pinned_nodes)
         if pinned_nodes is not None:
             nodes = pinned_nodes[:1]
         elif p.node is not None:
             nodes = [p.node]
         elif listed and listed[0].cpu_node is not None:
             nodes = [listed[0].cpu_node]
-            others = sorted({g.cpu_node for g in listed if g.cpu_node is not None} - set(nodes))
-            if others and not p.allow_span:
-                raise PlacementError(
-                    state.host,
-                    f"{p.where}.gpus: the listed GPUs sit on nodes "
-                    f"{', '.join(str(n) for n in sorted(set(nodes) | set(others)))}; list GPUs of "
-                    "one node or set allow_span: true",
-                )
         else:
             nodes = state.cpu_nodes
         fit = self._single(p, nodes, listed, False)
@@ -776,7 +857,7 @@ class _Planner:
                     "had room (allow_span)"
                 )
         if fit is None:
-            raise self._infeasible(p, nodes, listed)
+            raise self._infeasible(p, nodes, listed, p.allow_span and pinned_nodes is None)
         if pinned_nodes is not None and len(pinned_nodes) > 1:
             fit.nodes = pinned_nodes
             fit.spans = True
@@ -1071,11 +1152,54 @@ def _mig_daemons(plan_placements: list) -> list:
     return daemons
 
 
+def _size_text(kb: int) -> str:
+    """A size value that writes kb exactly: 64G, 1536M or 100K."""
+    for suffix, scale in (("T", 1 << 30), ("G", 1 << 20), ("M", 1 << 10)):
+        if kb % scale == 0:
+            return f"{kb // scale}{suffix}"
+    return f"{kb}K"
+
+
+def _check_tenant_memory(host: str, tenants: list, placements: list) -> None:
+    """Refuse a tenant whose memory_max is below what its placements ask for."""
+    limited = {t.name: t for t in tenants if t.memory_max_kb is not None}
+    if not limited:
+        return
+    totals = dict.fromkeys(limited, 0)
+    for p in placements:
+        if p.tenant in limited:
+            hp_kb = p.hugepages.size_kb * p.hugepages.count if p.hugepages else 0
+            totals[p.tenant] += p.memory_kb + hp_kb
+    for name, tenant in limited.items():
+        total = totals[name]
+        if total <= tenant.memory_max_kb:
+            continue
+        parts = []
+        for p in placements:
+            hp_kb = p.hugepages.size_kb * p.hugepages.count if p.hugepages else 0
+            if p.tenant != name or not p.memory_kb + hp_kb:
+                continue
+            text = f"{p.name} {format_kb(p.memory_kb)}" if p.memory_kb else p.name
+            if hp_kb:
+                text += f"{' +' if p.memory_kb else ''} {format_kb(hp_kb)} hugepages"
+            parts.append(text)
+        raise PlacementError(
+            host,
+            f"{TENANTS_VAR}[{tenant.index}] ({name}).memory_max: "
+            f"{format_kb(tenant.memory_max_kb)} is less than the {format_kb(total)} of memory and "
+            f"hugepages its placements ask for ({', '.join(parts)}); raise memory_max to at least "
+            f"{_size_text(total)}, lower their memory or hugepages, or move a placement to "
+            "another tenant",
+        )
+
+
 def plan_host(host, numa, gpu_topology, placements, tenants, policy) -> dict:
     """The plan (fact numafleet_plan) of one host; raises PlanError (PlacementError for bad vars)."""
     parsed_policy = parse_policy(host, policy)
     parsed_tenants = parse_tenants(host, tenants)
     parsed = parse_placements(host, placements, parsed_tenants)
+    if parsed_tenants:
+        _check_tenant_memory(host, parsed_tenants, parsed)
     state = _Host(host, numa, gpu_topology, parsed_policy)
     planner = _Planner(state, parsed)
     planner.run()

@@ -236,12 +236,23 @@ def _mps_instance(placement: dict, where: str) -> Optional[str]:
     return f"nvidia-mps@{instance}.service"
 
 
-def _placement_entries(placement: dict, where: str) -> tuple[list, list]:
-    """([Unit] entries for MPS, [Service] pinning entries) shared by services and drop-ins."""
+# Settings that systemd merges when they are assigned more than once (CPUAffinity= is documented
+# so; the CPU and node sets of NUMAMask=, AllowedCPUs= and AllowedMemoryNodes= are parsed the same
+# way): a drop-in first assigns the empty string, which resets what the vendor unit set, so the
+# result is the plan's set and not a union with it.
+_MERGED_SETS = ("CPUAffinity", "NUMAMask", "AllowedCPUs", "AllowedMemoryNodes")
+
+
+def _placement_entries(placement: dict, where: str, dropin: bool = False) -> tuple[list, list]:
+    """([Unit] entries for MPS, [Service] pinning entries) shared by services and drop-ins.
+
+    MPS clients get After= and Wants= (not Requires=) on their nvidia-mps@ daemon: a client whose
+    daemon is absent runs without MPS instead of failing to start.
+    """
     unit_entries = []
     daemon = _mps_instance(placement, where)
     if daemon:
-        unit_entries = [("After", daemon), ("Requires", daemon)]
+        unit_entries = [("After", daemon), ("Wants", daemon)]
     slice_unit = check_unit_name(
         _get(placement, "slice", (str,), where), ".slice", f"{where}.slice"
     )
@@ -255,6 +266,13 @@ def _placement_entries(placement: dict, where: str) -> tuple[list, list]:
         ("AllowedCPUs", cpus),
         ("AllowedMemoryNodes", mems),
     ]
+    if dropin:
+        reset = []
+        for key, value in service:
+            if key in _MERGED_SETS:
+                reset.append((key, ""))
+            reset.append((key, value))
+        service = reset
     environment = _get(placement, "environment", (dict,), where, required=False) or {}
     for key in sorted(environment, key=str):
         service.append(
@@ -392,7 +410,7 @@ def _render_files(
             unit = check_unit_name(
                 _get(placement, "unit", (str,), where), ".service", f"{where}.unit"
             )
-            unit_entries, service = _placement_entries(placement, where)
+            unit_entries, service = _placement_entries(placement, where, dropin=True)
             text = _document(lines, [("Unit", unit_entries), ("Service", service)])
             add(posixpath.join(unit_dir, f"{unit}.d", DROPIN_NAME), text, where)
         else:

@@ -126,6 +126,29 @@ def test_defaults():
     assert parse_tenants(HOST, None) == []
 
 
+@pytest.mark.parametrize(
+    ("given", "ids"),
+    [
+        (["B1:00.0"], ("b1:00.0",)),  # the short form the plan summary prints, any case
+        (["0000:B1:00.0", "ca:00.0"], ("0000:b1:00.0", "ca:00.0")),
+        (["GPU-ABC"], ("GPU-ABC",)),  # UUIDs are kept as written
+    ],
+)
+def test_gpu_addresses_are_lower_cased_short_or_full(given, ids):
+    (got,) = parse(placement(gpus=given))
+    assert got.gpu_ids == ids
+
+
+def test_sizes_of_a_mebibyte_and_zero_are_accepted():
+    got = parse(
+        placement(name="a", memory=0),
+        placement(name="b", memory=1 << 20),
+        placement(name="c", memory="1M", gpus=1, mps={"pinned_memory_limit": "1024K"}),
+    )
+    assert [entry.memory_kb for entry in got] == [0, 1024, 1024]
+    assert got[2].mps.pinned_memory_limit_kb == 1024
+
+
 def test_unit_placements_have_no_argv():
     (got,) = parse(placement(exec=None, unit="vllm.service"))
     assert (got.unit, got.exec, got.argv) == ("vllm.service", None, ())
@@ -181,6 +204,9 @@ def test_tenants():
         ({"reserved_cpus": [3, 1], "memory_headroom_pct": 90}, (1, 3), 90),
         ({"reserved_cpus": 2}, (2,), 15),
         ({"reserved_cpus": None, "memory_headroom_pct": None}, (), 15),
+        ({"reserved_cpus": ["0", "64"]}, (0, 64), 15),  # digit strings in the list, too
+        ({"reserved_cpus": [64, " 0", 0]}, (0, 64), 15),
+        ({"reserved_cpus": []}, (), 15),
     ],
 )
 def test_policy(raw, reserved, headroom):
@@ -224,6 +250,23 @@ BAD_PLACEMENTS = [
         placement(exec=None, unit="x.socket"),
         f"{P0}.unit: 'x.socket' is not a service unit name",
     ),
+    (
+        "generated unit",
+        placement(exec=None, unit="numafleet-llm.service"),
+        f"{P0}.unit: numafleet-llm.service is a unit this collection generates "
+        "(numafleet-*.service, one per exec placement); pin your own service's unit, or give "
+        "this placement exec: and let the collection write its unit",
+    ),
+    (
+        "name is a number",
+        placement(name=123),
+        'numafleet_placements[0].name: 123 is a number, not a string; quote it in YAML (name: "123")',
+    ),
+    (
+        "name is a boolean",
+        placement(name=True),
+        "numafleet_placements[0].name: True is not a string; write a name such as llm",
+    ),
     ("bad user", placement(user="Root User"), f"{P0}.user: 'Root User' is not a valid user name"),
     ("bad group", placement(group="9x"), f"{P0}.group: '9x' is not a valid group name"),
     ("bad cpulist", placement(cpus="4-x"), f"{P0}.cpus: invalid CPU set '4-x'"),
@@ -233,9 +276,35 @@ BAD_PLACEMENTS = [
     ("cpus missing", placement(cpus=None), f"{P0}: cpus is required"),
     ("cpus float", placement(cpus=2.5), f"{P0}.cpus: 2.5 is neither a count nor a cpulist"),
     (
+        "cpus quoted number",
+        placement(cpus="4"),
+        f"{P0}.cpus: '4' is ambiguous (a quoted number: a count, or CPU 4 alone?); write cpus: 4 "
+        'for a count of 4 CPUs, or a cpulist like "4,68" / "4-5" to pin CPUs ("4-4" pins CPU 4 '
+        "alone)",
+    ),
+    (
+        "cpus quoted zero",
+        placement(cpus=" 0 "),
+        f"{P0}.cpus: ' 0 ' is ambiguous (a quoted number: a count, or CPU 0 alone?); a count is "
+        'at least 1; write a cpulist like "0,64" / "0-1" to pin CPUs ("0-0" pins CPU 0 alone)',
+    ),
+    (
         "bad size",
         placement(memory="64 gigs"),
         f"{P0}.memory: '64 gigs' is not a size; write e.g. 64G or 512M",
+    ),
+    (
+        "memory in bytes",
+        placement(memory=64),
+        f"{P0}.memory: 64 is 64 bytes; write 64G or 64M (a number without a unit counts bytes, "
+        "and sizes under 1 MiB are refused as a slip)",
+    ),
+    ("memory in bytes, quoted", placement(memory="1000"), f"{P0}.memory: 1000 is 1000 bytes;"),
+    (
+        "memory under a MiB",
+        placement(memory="512K"),
+        f"{P0}.memory: '512K' is under 1 MiB, too small to be meant; write the size in M or G, "
+        "e.g. 512M",
     ),
     (
         "bad hugepage size",
@@ -290,7 +359,23 @@ BAD_PLACEMENTS = [
         placement(exec="/bin/a\n/bin/b"),
         f"{P0}.exec contains a control character or newline",
     ),
-    ("exec tab", placement(exec="/bin/a\tb"), f"{P0}.exec contains a control character"),
+    (
+        "exec tab",
+        placement(exec="/bin/a\tb"),
+        f"{P0}.exec contains a control character or newline (a tab at character 7 of "
+        "'/bin/a\\tb'); write it on one line without control characters",
+    ),
+    (
+        "exec tab in a late argument",
+        placement(exec="/opt/llm/bin/serve --model /srv/models/llama-3-70b --port 8000 --sep '\t'"),
+        '(a tab at character 71 of "/opt/llm/bin/serve --model /srv/models/llama-3-70b --port '
+        "8000 --sep '\\t'\")",
+    ),
+    (
+        "exec escape in a long line",
+        placement(exec="/bin/a " + "x" * 200 + "\x1b[1m" + "y" * 200),
+        "('\\x1b' at character 208 of ...'xxxxxxxxxx",
+    ),
     (
         "description newline",
         placement(description="a\nb"),
@@ -366,6 +451,11 @@ BAD_PLACEMENTS = [
         placement(gpus=1, mps={"pinned_memory_limit": "lots"}),
         f"{P0}.mps.pinned_memory_limit: 'lots' is not a size",
     ),
+    (
+        "mps limit in bytes",
+        placement(gpus=1, mps={"pinned_memory_limit": 8}),
+        f"{P0}.mps.pinned_memory_limit: 8 is 8 bytes; write 8G or 8M",
+    ),
     ("mps not a mapping", placement(gpus=1, mps="yes"), f"{P0}.mps: write a mapping"),
     ("mps without a GPU", placement(mps={}), f"{P0}.mps: an MPS client uses one GPU here"),
     ("mps with two GPUs", placement(gpus=2, mps={}), "this placement asks for 2; set gpus: 1"),
@@ -410,6 +500,21 @@ def test_duplicate_name_names_both_entries():
     )
 
 
+def test_a_unit_gets_one_placement():
+    with pytest.raises(PlacementError) as err:
+        parse(
+            placement(name="a", exec=None, unit="vllm.service"),
+            placement(name="b"),
+            placement(name="c", exec=None, unit="vllm.service"),
+        )
+    assert str(err.value) == (
+        "host gpu-a100-01: numafleet_placements[2] (c).unit: vllm.service is already pinned by "
+        "numafleet_placements[0] (a); a unit gets one drop-in, so merge the two placements into "
+        "one or pin another unit"
+    )
+    assert len(parse(placement(name="a", exec=None, unit="a.service"), placement(name="b"))) == 2
+
+
 def test_errors_are_plan_errors_and_numatune_errors():
     assert issubclass(PlacementError, PlanError) and issubclass(PlanError, NumaTuneError)
     with pytest.raises(PlacementError) as err:
@@ -440,6 +545,15 @@ def test_errors_are_plan_errors_and_numatune_errors():
             "host h: numafleet_tenants[0] (a).description contains a control character",
         ),
         (["a"], "host h: numafleet_tenants[0]: 'a' is not a mapping"),
+        (
+            [{"name": 7}],
+            "host h: numafleet_tenants[0].name: 7 is a number, not a string; quote it in YAML "
+            '(name: "7")',
+        ),
+        (
+            [{"name": "a", "memory_max": 100}],
+            "host h: numafleet_tenants[0] (a).memory_max: 100 is 100 bytes; write 100G or 100M",
+        ),
     ],
 )
 def test_bad_tenants(tenants, message):
@@ -459,6 +573,20 @@ def test_bad_tenants(tenants, message):
         ),
         ({"memory_headroom_pct": -1}, "numafleet_memory_headroom_pct: -1 is not a percentage"),
         ({"memory_headroom_pct": "15"}, "numafleet_memory_headroom_pct: '15' is not a percentage"),
+        (
+            {"memory_headroom_pct": 12.5},
+            "host h: numafleet_memory_headroom_pct: 12.5 must be a whole number (a percentage "
+            "0..90 without a decimal point); write e.g. 12",
+        ),
+        ({"memory_headroom_pct": 15.0}, "15.0 must be a whole number"),
+        ({"memory_headroom_pct": float("inf")}, "inf must be a whole number"),
+        (
+            {"reserved_cpus": ["0", "6x"]},
+            "host h: numafleet_reserved_cpus[1]: '6x' is not a CPU number; list CPU numbers "
+            "([0, 64] or ['0', '64']) or write one cpulist string ('0-1,64-65')",
+        ),
+        ({"reserved_cpus": [0, -1]}, "numafleet_reserved_cpus[1]: -1 is not a CPU number"),
+        ({"reserved_cpus": ["0-1"]}, "numafleet_reserved_cpus[0]: '0-1' is not a CPU number"),
     ],
 )
 def test_bad_policy(policy, message):

@@ -154,6 +154,34 @@ def test_two_gpus_come_from_one_node_with_its_cpus_and_memory(machine_facts):
     assert result["warnings"] == [] and entry["warnings"] == []
 
 
+@pytest.mark.parametrize("given", ["b1:00.0", "B1:00.0", "0000:B1:00.0"])
+def test_gpus_may_be_listed_by_the_short_address_the_summary_prints(machine_facts, given):
+    result = plan(machine_facts, A100, [p("g", gpus=[given])])
+    assert addresses(result["placements"][0]) == ["0000:b1:00.0"]
+    assert "gpus b1:00.0" in plan_summary(result)
+
+
+def test_short_address_in_another_pci_domain(machine_facts):
+    result = plan(machine_facts, GH200, [p("g", gpus=["01:00.0"])])
+    assert addresses(result["placements"][0]) == ["0009:01:00.0"]
+
+
+def test_short_address_matching_gpus_of_two_domains_is_ambiguous():
+    numa = synthetic()
+    topology = {
+        "gpus": [synthetic_gpu("0000:b1:00.0", 0), synthetic_gpu("0001:b1:00.0", 1)],
+    }
+    with pytest.raises(PlacementError) as err:
+        plan_host("h", numa, topology, [p("g", gpus=["b1:00.0"])], [], POLICY)
+    assert str(err.value) == (
+        "host h: numafleet_placements[0] (g).gpus: b1:00.0 is ambiguous: it matches GPUs "
+        "0000:b1:00.0, 0001:b1:00.0 (several PCI domains); write the full address with its "
+        "domain, e.g. 0000:b1:00.0"
+    )
+    result = plan_host("h", numa, topology, [p("g", gpus=["0001:b1:00.0"])], [], POLICY)
+    assert addresses(result["placements"][0]) == ["0001:b1:00.0"]
+
+
 @pytest.mark.parametrize(
     ("requests", "want"),
     [
@@ -386,10 +414,33 @@ def test_mig_reuses_existing_instances_lowest_start_first(machine_facts):
         ("2g.20gb", 2, "e2"),
         ("3g.40gb", 4, "e3"),
     ]
-    with pytest.raises(
-        PlanError, match=r"\[2\] \(e3\) needs a free 2g.20gb MIG slot and 4 CPUs on one NUMA node"
-    ):
+    with pytest.raises(PlanError) as err:
         plan(machine_facts, A100, [p(f"e{i}", mig_profile="2g.20gb") for i in range(1, 4)])
+    assert str(err.value).startswith(
+        "host h: numafleet_placements[2] (e3) needs a free 2g.20gb MIG slot and 4 CPUs on one "
+        "NUMA node; free per node: "
+    )
+    assert str(err.value).endswith(
+        "Profiles with a free slot on the MIG GPUs: 3g.40gb; pick one of those, free a slot, or "
+        "remove another placement."
+    )
+    with pytest.raises(PlanError) as err:
+        plan(machine_facts, A100, [*placements_e1_e3(), p("e4", mig_profile="1g.10gb")])
+    assert str(err.value).endswith(
+        ". No MIG profile has a free slot left on the MIG GPUs; free a slot or remove another "
+        "placement."
+    )
+    with pytest.raises(PlanError) as err:
+        plan(machine_facts, A100, [p("e1", mig_profile="2g.20gb", cpus=100)])
+    assert str(err.value).endswith(". Lower cpus or memory, or remove another placement.")
+
+
+def placements_e1_e3() -> list:
+    return [
+        p("e1", mig_profile="2g.20gb"),
+        p("e2", mig_profile="2g.20gb"),
+        p("e3", mig_profile="3g.40gb"),
+    ]
 
 
 def test_new_mig_instance_takes_the_lowest_free_placement_start(machine_facts):
@@ -570,6 +621,26 @@ def test_tenant_slices_are_systemd_escaped(name, slice_name):
     assert units.slice_name(name) == slice_name
 
 
+def test_tenant_memory_max_must_hold_its_placements(machine_facts):
+    placements = [
+        p("a", tenant="team-a", memory="8G"),
+        p("b", tenant="team-a", memory="2G", hugepages={"size": "2M", "count": 1024}),
+        p("c", tenant="team-a", hugepages={"size": "2M", "count": 1}),
+        p("other", tenant="team-b", memory="100G"),
+    ]
+    tenants = [{"name": "team-a", "memory_max": "10G"}, {"name": "team-b"}]
+    with pytest.raises(PlacementError) as err:
+        plan(machine_facts, A100, placements, tenants=tenants)
+    assert str(err.value) == (
+        "host h: numafleet_tenants[0] (team-a).memory_max: 10 GiB is less than the 12 GiB of "
+        "memory and hugepages its placements ask for (a 8 GiB, b 2 GiB + 2 GiB hugepages, c 2 "
+        "MiB hugepages); raise memory_max to at least 12290M, lower their memory or hugepages, "
+        "or move a placement to another tenant"
+    )
+    tenants[0]["memory_max"] = "12290M"  # exactly enough
+    assert len(plan(machine_facts, A100, placements, tenants=tenants)["placements"]) == 4
+
+
 def test_unit_placements_are_dropins(machine_facts):
     result = plan(machine_facts, A100, [p("vllm", exec=None, unit="vllm.service", hardening=True)])
     (entry,) = result["placements"]
@@ -667,6 +738,22 @@ def test_pinned_unknown_locality_gpu_is_placed_by_cpu_fit(machine_facts):
     assert result["placements"][0]["node"] == 0  # by fit: node 0 has no free GPU to keep
 
 
+def test_node_or_cpus_away_from_a_listed_gpu_need_allow_span(machine_facts):
+    for changes in ({"node": 1}, {"cpus": "32-35"}):
+        result = plan(
+            machine_facts, A100, [p("g", gpus=["0000:31:00.0"], allow_span=True, **changes)]
+        )
+        (entry,) = result["placements"]
+        assert entry["node"] == 1 and addresses(entry) == ["0000:31:00.0"]
+        assert (
+            "GPU 0000:31:00.0 is on node 0, not next to the placement's CPUs"
+            in (entry["warnings"][0])
+        )
+    # agreeing with the GPU needs nothing
+    result = plan(machine_facts, A100, [p("g", gpus=["31:00.0"], node=0, cpus="4-5")])
+    assert result["placements"][0]["cpus"] == [4, 5] and result["warnings"] == []
+
+
 def test_allow_span_takes_the_nearest_nodes(machine_facts):
     result = plan(machine_facts, H100, [p("huge", cpus=200, allow_span=True)])
     (entry,) = result["placements"]
@@ -717,9 +804,61 @@ def test_span_only_when_no_single_node_fits(machine_facts):
             A100,
             [p("big", cpus=300, allow_span=True)],
             None,
-            "needs 300 CPUs on one NUMA node (even spanning nodes); free per node: node0 1 GPU, "
+            "needs 300 CPUs, even spanning nodes; free per node: node0 1 GPU, "
             "64 CPUs, 214.1 GiB memory; node1 2 GPUs, 64 CPUs, 216.3 GiB memory. Lower cpus, or "
             "remove another placement.",
+        ),
+        (
+            H100,
+            [p("w", gpus=9, cpus=8, allow_span=True)],
+            None,
+            "host h: numafleet_placements[0] (w) needs 9 GPUs and 8 CPUs, even spanning nodes; "
+            "free per node: node0 4 GPUs, 112 CPUs, 856.5 GiB memory; node1 4 GPUs, 112 CPUs, "
+            "865.2 GiB memory. Lower gpus, or remove another placement.",
+        ),
+        (
+            A100,
+            [p("w", cpus=130, node=1, allow_span=True)],
+            None,
+            "host h: numafleet_placements[0] (w) needs 130 CPUs from NUMA node 1, even spanning "
+            "nodes; free per node",
+        ),
+        (
+            A100,
+            [p("g", gpus=["0000:31:00.0"], node=1)],
+            None,
+            "host h: numafleet_placements[0] (g).node: node 1 is not the node of GPU "
+            "0000:31:00.0, which is on node 0; drop node: (the CPUs follow the GPUs), list GPUs "
+            "of node 1, or set allow_span: true to run the CPUs on node 1 anyway",
+        ),
+        (
+            A100,
+            [p("g", gpus=["0000:31:00.0"], cpus="30-33")],
+            None,
+            "host h: numafleet_placements[0] (g).cpus: CPUs 32-33 are on node 1, but GPU "
+            "0000:31:00.0 is on node 0; pin CPUs of node 0, list GPUs of node 1, or set "
+            "allow_span: true to keep the CPUs away from the GPU",
+        ),
+        (
+            A100,
+            [p("g", gpus=["0000:31:00.0", "0000:b1:00.0"], node=0)],
+            None,
+            "host h: numafleet_placements[0] (g).gpus: the listed GPUs sit on nodes 0, 1; list "
+            "GPUs of one node or set allow_span: true",
+        ),
+        (
+            A100,
+            [p("g", gpus=["b1:00.0", "0000:b1:00.0"])],
+            None,
+            "host h: numafleet_placements[0] (g).gpus lists 0000:b1:00.0 twice (as b1:00.0 and "
+            "0000:b1:00.0); list it once",
+        ),
+        (
+            A100,
+            [p("g", gpus=["99:00.0"])],
+            None,
+            "host h: numafleet_placements[0] (g).gpus: 99:00.0 is not a GPU of this host (known: "
+            "0000:17:00.0, 0000:31:00.0, 0000:b1:00.0, 0000:ca:00.0)",
         ),
         (
             A100,
@@ -773,7 +912,7 @@ def test_span_only_when_no_single_node_fits(machine_facts):
         ),
         (
             A100,
-            [p("c", cpus="200")],
+            [p("c", cpus="200-201")],
             None,
             "host h: numafleet_placements[0] (c).cpus: CPU 200 does not exist on this host (it "
             "has 0-127); fix the cpulist",

@@ -251,7 +251,7 @@ GOLDEN_SERVICE = """\
 [Unit]
 Description=LLM at 100%% load
 After=nvidia-mps@GPU-8e9f.service
-Requires=nvidia-mps@GPU-8e9f.service
+Wants=nvidia-mps@GPU-8e9f.service
 
 [Service]
 Type=simple
@@ -322,8 +322,9 @@ def test_dropin_pins_an_existing_unit_without_owning_it():
     assert list(files) == [path]
     assert files[path] == (
         "# Managed by numafleet.tuning\n\n"
-        "[Service]\nSlice=numafleet.slice\nCPUAffinity=8-9\nNUMAPolicy=bind\nNUMAMask=1\n"
-        'AllowedCPUs=8-9\nAllowedMemoryNodes=1\nEnvironment="X=1"\nLimitMEMLOCK=infinity\n'
+        "[Service]\nSlice=numafleet.slice\nCPUAffinity=\nCPUAffinity=8-9\nNUMAPolicy=bind\n"
+        "NUMAMask=\nNUMAMask=1\nAllowedCPUs=\nAllowedCPUs=8-9\nAllowedMemoryNodes=\n"
+        'AllowedMemoryNodes=1\nEnvironment="X=1"\nLimitMEMLOCK=infinity\n'
     )
     for absent in ("ExecStart", "[Install]", "Restart=", "NoNewPrivileges", "[Unit]"):
         assert absent not in files[path]
@@ -333,9 +334,7 @@ def test_dropin_with_mps_orders_after_the_daemon():
     text = render(dropin(mps={"pipe_dir": "/run/nvidia-mps/MIG-1a2b"}))[
         f"{UNIT_DIR}/vllm.service.d/50-numafleet.conf"
     ]
-    assert (
-        "[Unit]\nAfter=nvidia-mps@MIG-1a2b.service\nRequires=nvidia-mps@MIG-1a2b.service\n" in text
-    )
+    assert "[Unit]\nAfter=nvidia-mps@MIG-1a2b.service\nWants=nvidia-mps@MIG-1a2b.service\n" in text
 
 
 def test_dropin_for_a_template_unit():
