@@ -79,3 +79,20 @@ class UnitFileError(NumaTuneError):
         self.reason = reason
         self.fix = fix
         super().__init__(f"{path}: {reason}. {fix}")
+
+
+class LocalityError(NumaTuneError):
+    """A procfs/cgroup/perf text read for locality measurement is unreadable or malformed.
+
+    ``source`` is the file (or command) it came from; ``fix`` says what to do about it.
+    """
+
+    def __init__(self, source: str, reason: str, fix: str = "") -> None:
+        self.source = source
+        self.reason = reason
+        self.fix = fix
+        super().__init__(f"{source}: {reason}" + (f". {fix}" if fix else ""))
+
+
+class VerifyError(NumaTuneError):
+    """Thresholds, a plan or a measurement handed to verify cannot be used; names the value and the fix."""

@@ -1,0 +1,537 @@
+# Private to this collection: may change in any release.
+"""Where a planned service's memory really is: numa_maps, binding, cgroup PIDs, numastat, perf.
+
+DESIGN.md section 5 defines the metrics. Everything here reads host files through roots given
+as arguments (``procfs_root``, ``sysfs_root``, ``cgroup_root``) or parses text; a command
+(``perf``) is run only by the caller, through a ``run_perf`` callable.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from .cpulist import parse_cpulist
+from .errors import CpulistError, LocalityError
+from .sysfs import Reader
+from .topology import NODE_DIR, parse_counters, read_topology
+
+PERF_EVENTS = ("node-loads", "node-load-misses")
+_ADDR_RE = re.compile(r"^[0-9a-f]+$")
+_NODE_TOKEN_RE = re.compile(r"^N([0-9]+)=([0-9]+)$")
+_NODE_DIR_RE = re.compile(r"^node([0-9]+)$")
+# A process that exits between listing and reading: its /proc files vanish (ENOENT) or, while it
+# is a zombie being reaped, reads fail with ESRCH.
+_GONE = (errno.ENOENT, errno.ESRCH)
+ROOT_FIX = "Run the module as root (become: true): numa_maps of other users' processes is private"
+
+
+@dataclass(frozen=True)
+class NumaMaps:
+    """Resident kB per node of one process, split as DESIGN.md section 5 counts them."""
+
+    anon_kb_by_node: dict = field(default_factory=dict)
+    huge_kb_by_node: dict = field(default_factory=dict)
+    file_kb_by_node: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ProcStatus:
+    """The binding fields of /proc/<pid>/status."""
+
+    cpus_allowed: tuple
+    mems_allowed: tuple
+
+
+@dataclass(frozen=True)
+class UnitCgroup:
+    """Where a unit's cgroup was found: hierarchy (v2 or v1), path relative to it, directory."""
+
+    version: int
+    relpath: str
+    directory: str
+
+
+def _add(table: dict, node: int, kb: int) -> None:
+    table[node] = table.get(node, 0) + kb
+
+
+def parse_numa_maps(text: str, source: str = "numa_maps") -> NumaMaps:
+    """kB per node of anonymous, hugetlb and file-backed mappings; raises LocalityError.
+
+    A mapping is ``huge`` when marked so (hugetlbfs, whatever its ``file=``); otherwise ``anon``
+    when it has ``anon=`` pages or no ``file=``; otherwise ``file``. Pages (``N<node>=<pages>``)
+    are weighted by the mapping's ``kernelpagesize_kB``. The classification is per mapping, as
+    the kernel does not split a mapping's pages per node by kind.
+    """
+    anon: dict = {}
+    huge: dict = {}
+    files: dict = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        tokens = line.split()
+        if not tokens:
+            continue
+        if not _ADDR_RE.match(tokens[0]) or len(tokens) < 2:
+            raise LocalityError(
+                source,
+                f"line {number} {line.strip()[:80]!r} does not start with '<address> <policy>'",
+            )
+        pages: dict = {}
+        page_kb = None
+        is_huge = has_anon = has_file = False
+        for token in tokens[2:]:
+            match = _NODE_TOKEN_RE.match(token)
+            if match:
+                pages[int(match.group(1))] = int(match.group(2))
+            elif token.startswith("kernelpagesize_kB="):
+                value = token.partition("=")[2]
+                if not (value.isascii() and value.isdigit()) or int(value) == 0:
+                    raise LocalityError(source, f"line {number}: bad page size {token!r}")
+                page_kb = int(value)
+            elif token == "huge":
+                is_huge = True
+            elif token.startswith("anon="):
+                has_anon = True
+            elif token.startswith("file="):
+                has_file = True
+            elif token.startswith("N") and "=" in token:
+                raise LocalityError(source, f"line {number}: bad node count {token!r}")
+        if not any(pages.values()):
+            continue
+        if page_kb is None:
+            raise LocalityError(
+                source, f"line {number} has N<node>= pages but no kernelpagesize_kB"
+            )
+        table = huge if is_huge else anon if (has_anon or not has_file) else files
+        for node, count in pages.items():
+            if count:
+                _add(table, node, count * page_kb)
+    return NumaMaps(anon, huge, files)
+
+
+def _status_list(fields: dict, name: str, source: str) -> tuple:
+    if name not in fields:
+        raise LocalityError(source, f"no {name} line (kernels since 2.6.26 write it)")
+    try:
+        return tuple(parse_cpulist(fields[name]))
+    except CpulistError as exc:
+        raise LocalityError(source, f"{name}: {exc}") from None
+
+
+def parse_status(text: str, source: str = "status") -> ProcStatus:
+    """Cpus_allowed_list and Mems_allowed_list of a /proc/<pid>/status text; raises LocalityError."""
+    fields = {}
+    for line in text.splitlines():
+        name, sep, value = line.partition(":")
+        if sep:
+            fields[name.strip()] = value.strip()
+    return ProcStatus(
+        cpus_allowed=_status_list(fields, "Cpus_allowed_list", source),
+        mems_allowed=_status_list(fields, "Mems_allowed_list", source),
+    )
+
+
+def _hierarchies(cgroup_root: str) -> list:
+    """(version, directory) of the hierarchies to search, unified first."""
+    if os.path.isfile(os.path.join(cgroup_root, "cgroup.controllers")):
+        return [(2, cgroup_root)]
+    found = []
+    for version, name in ((2, "unified"), (1, "systemd"), (1, "cpuset")):
+        path = os.path.join(cgroup_root, name)
+        if os.path.isdir(path):
+            found.append((version, path))
+    return found
+
+
+def find_unit_cgroup(
+    cgroup_root: str, unit: str, slice_name: Optional[str] = None
+) -> Optional[UnitCgroup]:
+    """The cgroup directory named ``unit`` (inside ``slice_name`` when given), or None if absent.
+
+    Searches the cgroup v2 tree (``<cgroup_root>`` or its ``unified/``), then the v1 ``systemd``
+    and ``cpuset`` hierarchies. Among several matches the shortest path wins.
+    """
+    for version, top in _hierarchies(cgroup_root):
+        matches = []
+        for directory, dirs, dummy in os.walk(top):
+            dirs.sort()
+            if os.path.basename(directory) != unit or directory == top:
+                continue
+            relpath = os.path.relpath(directory, top)
+            if slice_name and slice_name not in relpath.split(os.sep)[:-1]:
+                continue
+            if os.path.isfile(os.path.join(directory, "cgroup.procs")):
+                matches.append(relpath)
+        if matches:
+            relpath = min(matches, key=lambda path: (path.count(os.sep), path))
+            return UnitCgroup(version, relpath, os.path.join(top, relpath))
+    return None
+
+
+def _read_procs(path: str) -> list:
+    try:
+        with open(path, encoding="ascii", errors="replace") as handle:
+            text = handle.read()
+    except OSError as exc:
+        if exc.errno in _GONE:  # the cgroup was removed while we walked it
+            return []
+        raise LocalityError(path, exc.strerror or "cannot be read") from None
+    pids = []
+    for line in text.split():
+        if not line.isdigit():
+            raise LocalityError(path, f"{line[:40]!r} is not a PID")
+        pids.append(int(line))
+    return pids
+
+
+def read_unit_pids(cgroup_root: str, unit: str, slice_name: Optional[str] = None) -> list:
+    """Sorted PIDs of the unit's cgroup and its sub-cgroups; [] when it has none (not running)."""
+    return cgroup_pids(find_unit_cgroup(cgroup_root, unit, slice_name))
+
+
+def cgroup_pids(cgroup: Optional[UnitCgroup]) -> list:
+    """Sorted PIDs in cgroup.procs of the cgroup and its sub-cgroups; [] for None."""
+    if cgroup is None:
+        return []
+    pids = set()
+    for directory, dirs, files in os.walk(cgroup.directory):
+        dirs.sort()
+        if "cgroup.procs" in files:
+            pids.update(_read_procs(os.path.join(directory, "cgroup.procs")))
+    return sorted(pids)
+
+
+def _read_proc_file(procfs_root: str, pid: int, name: str) -> Optional[str]:
+    """Text of /proc/<pid>/<name>, or None when the process has gone; raises LocalityError."""
+    path = os.path.join(procfs_root, str(pid), name)
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except OSError as exc:
+        if exc.errno in _GONE:
+            return None
+        fix = ROOT_FIX if exc.errno in (errno.EACCES, errno.EPERM) else ""
+        raise LocalityError(path, exc.strerror or "cannot be read", fix) from None
+
+
+def read_process(procfs_root: str, pid: int) -> Optional[tuple]:
+    """(ProcStatus, NumaMaps) of one process, or None when it exited; raises LocalityError."""
+    status = _read_proc_file(procfs_root, pid, "status")
+    maps = _read_proc_file(procfs_root, pid, "numa_maps")
+    if status is None or maps is None:
+        return None
+    base = os.path.join(procfs_root, str(pid))
+    return (
+        parse_status(status, os.path.join(base, "status")),
+        parse_numa_maps(maps, os.path.join(base, "numa_maps")),
+    )
+
+
+def read_numastat(sysfs_root: str) -> dict:
+    """{node id: counters} of <sysfs_root>/devices/system/node/node*/numastat; {} without NUMA."""
+    reader = Reader(sysfs_root, "")
+    node_dir = reader.sys(*NODE_DIR)
+    result = {}
+    for name in reader.listdir(node_dir, optional=True):
+        match = _NODE_DIR_RE.match(name)
+        if match:
+            counters = reader.parsed(f"{node_dir}/{name}/numastat", parse_counters, optional=True)
+            if counters is not None:
+                result[int(match.group(1))] = counters
+    return result
+
+
+def miss_ratio(local: Optional[int], other: Optional[int]) -> Optional[float]:
+    """other / (local + other), or None when either is unknown or both are zero."""
+    if local is None or other is None or local + other == 0:
+        return None
+    return other / (local + other)
+
+
+def numastat_delta(before: dict, after: dict) -> dict:
+    """{node: {local_node, other_node, miss_ratio}} of two read_numastat samples; raises LocalityError.
+
+    Nodes present in only one sample are left out. A counter that went down means the
+    samples are not from one boot of one host.
+    """
+    result = {}
+    for node in sorted(set(before) & set(after)):
+        counts = {}
+        for name in ("local_node", "other_node"):
+            first, last = before[node].get(name), after[node].get(name)
+            if first is None or last is None:
+                counts[name] = None
+            elif last < first:
+                raise LocalityError(
+                    f"node{node}/numastat",
+                    f"{name} went down from {first} to {last} during the window",
+                    "Take both samples on the same host without a reboot in between",
+                )
+            else:
+                counts[name] = last - first
+        counts["miss_ratio"] = miss_ratio(counts["local_node"], counts["other_node"])
+        result[node] = counts
+    return result
+
+
+@dataclass(frozen=True)
+class PerfStat:
+    """Counts of ``perf stat -x,`` events; ``unavailable`` maps an event to perf's reason."""
+
+    counts: dict
+    unavailable: dict
+
+
+def parse_perf_stat(text: str, source: str = "perf stat") -> PerfStat:
+    """Counts of ``perf stat -x, [-G CGROUP]`` CSV lines; raises LocalityError on a malformed line.
+
+    Each line is ``value,unit,event[,cgroup],run-time,percent,metric,metric-unit`` (perf-stat(1),
+    "-x"); a value of ``<not supported>`` or ``<not counted>`` marks the event unavailable.
+    Lines that are not CSV (comments, warnings) are ignored.
+    """
+    counts: dict = {}
+    unavailable: dict = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#") or "," not in line:
+            continue
+        parts = line.split(",")
+        if len(parts) < 3 or not parts[2]:
+            raise LocalityError(source, f"line {line[:80]!r} has no event name in field 3")
+        value, event = parts[0].strip(), parts[2].strip()
+        if value.startswith("<") and value.endswith(">"):
+            unavailable[event] = value
+            continue
+        try:
+            counts[event] = float(value)
+        except ValueError:
+            raise LocalityError(source, f"line {line[:80]!r}: {value!r} is not a count") from None
+    return PerfStat(counts, unavailable)
+
+
+def remote_access(stat: PerfStat) -> dict:
+    """{available, ratio, reason}: node-load-misses / node-loads of a PerfStat."""
+    for event in PERF_EVENTS:
+        if event in stat.unavailable:
+            return _unavailable(f"perf reports {event} {stat.unavailable[event]}")
+        if event not in stat.counts:
+            return _unavailable(f"perf printed no {event} count")
+    loads = stat.counts["node-loads"]
+    if loads <= 0:
+        return _unavailable("no node-loads were counted in the window")
+    return {"available": True, "ratio": stat.counts["node-load-misses"] / loads, "reason": None}
+
+
+def _unavailable(reason: str) -> dict:
+    return {"available": False, "ratio": None, "reason": reason}
+
+
+def _gpu_node(reader: Reader, gpu: dict) -> Optional[int]:
+    """The GPU's numa_node from sysfs when the device is there (-1 = None), else the plan's."""
+    address = gpu.get("address")
+    if address:
+        path = reader.sys("bus", "pci", "devices", address, "numa_node")
+        if reader.exists(path):
+            node = reader.integer(path)
+            return None if node is None or node < 0 else node
+    return gpu.get("node")
+
+
+def _subset(values: set, allowed: list) -> Optional[bool]:
+    return None if not values and not allowed else values <= set(allowed)
+
+
+def _int_list(value, where: str) -> list:
+    if value is None:
+        return []
+    if not isinstance(value, (list, tuple)) or not all(
+        isinstance(item, int) and not isinstance(item, bool) and item >= 0 for item in value
+    ):
+        raise LocalityError(where, f"{value!r} is not a list of non-negative integers")
+    return sorted(set(value))
+
+
+def parse_services(services) -> list:
+    """Checked copies of planned services (plan placements work as they are); raises LocalityError.
+
+    Each needs ``name``; ``unit`` (default ``<name>.service``), ``slice``, ``cpus``, ``mems`` and
+    ``gpus`` (``[{address, node}]``) are read, other keys are ignored.
+    """
+    if not isinstance(services, (list, tuple)):
+        raise LocalityError("services", "must be a list of planned services (placements)")
+    checked = []
+    for index, service in enumerate(services):
+        where = f"services[{index}]"
+        if not isinstance(service, dict) or not isinstance(service.get("name"), str):
+            raise LocalityError(where, "needs a name (a planned service, as in plan placements)")
+        gpus = service.get("gpus") or []
+        if not isinstance(gpus, list) or not all(isinstance(gpu, dict) for gpu in gpus):
+            raise LocalityError(f"{where}.gpus", "must be a list of {address, node} dicts")
+        checked.append(
+            {
+                "name": service["name"],
+                "unit": service.get("unit") or f"{service['name']}.service",
+                "slice": service.get("slice") or None,
+                "cpus": _int_list(service.get("cpus"), f"{where}.cpus"),
+                "mems": _int_list(service.get("mems"), f"{where}.mems"),
+                "gpus": [{"address": g.get("address"), "node": g.get("node")} for g in gpus],
+            }
+        )
+    return checked
+
+
+def measure_service(service: dict, procfs_root: str, sysfs_root: str, cgroup_root: str) -> dict:
+    """Measured state of one planned service (see measure_services); raises LocalityError."""
+    cpus, mems = list(service.get("cpus") or []), list(service.get("mems") or [])
+    unit = service.get("unit") or f"{service['name']}.service"
+    cgroup = find_unit_cgroup(cgroup_root, unit, service.get("slice"))
+    pids, cpus_seen, mems_seen, cpus_ok, mems_ok = [], set(), set(), True, True
+    inside: dict = {}
+    files: dict = {}
+    for pid in cgroup_pids(cgroup):
+        measured = read_process(procfs_root, pid)
+        if measured is None:  # exited while we read: not an error
+            continue
+        status, maps = measured
+        pids.append(pid)
+        cpus_seen.update(status.cpus_allowed)
+        mems_seen.update(status.mems_allowed)
+        cpus_ok = cpus_ok and set(status.cpus_allowed) <= set(cpus)
+        mems_ok = mems_ok and set(status.mems_allowed) <= set(mems)
+        for table in (maps.anon_kb_by_node, maps.huge_kb_by_node):
+            for node, kb in table.items():
+                _add(inside, node, kb)
+        for node, kb in maps.file_kb_by_node.items():
+            _add(files, node, kb)
+    total = sum(inside.values())
+    outside = sum(kb for node, kb in inside.items() if node not in mems)
+    reader = Reader(sysfs_root, "")
+    return {
+        "name": service["name"],
+        "unit": unit,
+        "running": bool(pids),
+        "pids": pids,
+        "cgroup": None if cgroup is None else {"version": cgroup.version, "path": cgroup.relpath},
+        "binding": {
+            "cpus_allowed": sorted(cpus_seen),
+            "mems_allowed": sorted(mems_seen),
+            "cpus_ok": cpus_ok if pids else None,
+            "mems_ok": mems_ok if pids else None,
+        },
+        "pages_kb": {
+            "anon_huge_by_node": {str(node): kb for node, kb in sorted(inside.items())},
+            "file_by_node": {str(node): kb for node, kb in sorted(files.items())},
+        },
+        "offnode_share": outside / total if total else None,
+        "gpu_locality": [
+            _gpu_locality(_gpu_node(reader, gpu), gpu, mems) for gpu in service.get("gpus") or []
+        ],
+    }
+
+
+def _gpu_locality(node: Optional[int], gpu: dict, mems: list) -> dict:
+    return {
+        "address": gpu.get("address"),
+        "node": node,
+        "ok": None if node is None else node in mems,
+    }
+
+
+def measure_services(services: list, procfs_root: str, sysfs_root: str, cgroup_root: str) -> list:
+    """One measurement dict per planned service, in the given order; raises LocalityError.
+
+    Keys: name, unit, running, pids, cgroup {version, path}, binding {cpus_allowed, mems_allowed,
+    cpus_ok, mems_ok}, pages_kb {anon_huge_by_node, file_by_node} (node ids as strings, kB),
+    offnode_share (None without anonymous/huge pages), gpu_locality [{address, node, ok}].
+    """
+    return [measure_service(s, procfs_root, sysfs_root, cgroup_root) for s in services]
+
+
+def node_report(sysfs_root: str, procfs_root: str, numastat: dict) -> list:
+    """Per-node memory use, hugepage totals and the given numastat counters, sorted by id."""
+    topology = read_topology(Reader(sysfs_root, procfs_root))
+    nodes = []
+    for node in topology.nodes:
+        total, free = node.memory_kb, node.memfree_kb
+        used = None if total is None or free is None else total - free
+        counts = numastat.get(node.id) or {}
+        nodes.append(
+            {
+                "id": node.id,
+                "memory_total_kb": total,
+                "memory_used_kb": used,
+                "memory_used_pct": round(100.0 * used / total, 2)
+                if used is not None and total
+                else None,
+                "hugepages": [{"size_kb": p.size_kb, "total": p.total} for p in node.hugepages],
+                "numastat": {
+                    "local_node": counts.get("local_node"),
+                    "other_node": counts.get("other_node"),
+                    "miss_ratio": counts.get("miss_ratio"),
+                },
+            }
+        )
+    return nodes
+
+
+def measure(
+    services: list,
+    procfs_root: str,
+    sysfs_root: str,
+    cgroup_root: str,
+    window_s: float,
+    run_perf: Optional[Callable[[str, float], Optional[str]]] = None,
+    perf_reason: str = "perf is not used (perf=never)",
+    sleep: Optional[Callable[[float], None]] = None,
+) -> dict:
+    """{services, nodes}: measure_services plus remote_access, and nodes over a window.
+
+    numastat is sampled before and after the window (``window_s`` 0: one sample, miss_ratio None).
+    ``run_perf(cgroup_relpath, window_s)`` returns perf's CSV text (None on failure) and takes the
+    window itself; without it ``sleep(window_s)`` does. Raises LocalityError.
+    """
+    Reader(sysfs_root, procfs_root).check_roots()
+    if not os.path.isdir(cgroup_root):
+        raise LocalityError(
+            cgroup_root,
+            f"no such directory, so cgroup_root={cgroup_root!r} is not a cgroup tree",
+            "Point cgroup_root at the host's /sys/fs/cgroup",
+        )
+    before = read_numastat(sysfs_root)
+    measured = measure_services(parse_services(services), procfs_root, sysfs_root, cgroup_root)
+    perf_ran = False
+    for service in measured:
+        cgroup = service["cgroup"]
+        if not service["running"]:
+            service["remote_access"] = _unavailable("the unit is not running")
+        elif run_perf is None:
+            service["remote_access"] = _unavailable(perf_reason)
+        elif cgroup["version"] != 2:
+            service["remote_access"] = _unavailable(
+                "the unit's cgroup is on cgroup v1; perf -G is used with cgroup v2 only"
+            )
+        else:
+            text = run_perf(cgroup["path"], window_s)
+            perf_ran = True
+            service["remote_access"] = (
+                _unavailable("perf stat failed")
+                if text is None
+                else remote_access(parse_perf_stat(text))
+            )
+    if window_s > 0:
+        if not perf_ran and sleep is not None:
+            sleep(window_s)
+        numastat = numastat_delta(before, read_numastat(sysfs_root))
+    else:
+        numastat = {
+            node: {
+                "local_node": c.get("local_node"),
+                "other_node": c.get("other_node"),
+                "miss_ratio": None,
+            }
+            for node, c in before.items()
+        }
+    return {"services": measured, "nodes": node_report(sysfs_root, procfs_root, numastat)}

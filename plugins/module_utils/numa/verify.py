@@ -1,0 +1,918 @@
+# Private to this collection: may change in any release.
+"""Verify: the plan + what numa_locality_info measured -> checks, and the checks -> reports. Pure.
+
+A check is one verdict on one subject (a service or ``nodeN``) of one host: ``pass``, ``fail``,
+``warn`` or ``skipped``. Skipped means "could not be checked" and never counts as passed.
+
+Rules (DESIGN.md §5):
+
+- ``running``: the unit's cgroup has processes.
+- ``cpus_binding`` / ``mems_binding``: every process's ``Cpus_allowed_list`` / ``Mems_allowed_list``
+  lies within the plan's cpus / mems.
+- ``offnode_share``: anonymous + hugetlb memory on nodes outside the plan's mems, as a percentage of
+  all of it. It fails when the share is *above* ``cross_node_target_pct``; exactly at the target
+  passes. A service with no such pages resident is skipped.
+- ``gpu_locality``: every planned GPU sits on one of the placement's nodes or mems; a GPU whose
+  node is unknown (sysfs ``numa_node`` -1) warns. Only services with GPUs get this check.
+- ``memory_used`` (per node with memory): warns at ``memory_warn_pct`` or more, fails at
+  ``memory_fail_pct`` or more (exactly 80 warns, exactly 90 fails with the defaults).
+- ``hugepages_total`` (per node with a planned or reserved pool): the reserved total (not the free
+  count) of each page size equals the plan's; a reserved pool of a size the plan does not use warns.
+- ``rendered_units`` (static, per unit, also in render mode): the files on disk equal what
+  ``units.render_files(plan)`` renders.
+
+In render mode nothing runs: every runtime check is skipped with the reason "render mode: nothing
+runs"; the static check still runs.
+
+JSON report schema ``numafleet.verify/1`` (``as_json_report``)::
+
+    {"schema": "numafleet.verify/1",
+     "generated_at": "2025-01-31T12:00:00Z",
+     "run": {...whatever the caller passed besides generated_at...},
+     "status": "pass|warn|fail|skipped",
+     "hosts": {"<host>": {"status": ..., "summary": "<summary_line>",
+                          "counts": {"pass": n, "fail": n, "warn": n, "skipped": n},
+                          "checks": [<check>, ...]}},
+     "totals": {"hosts": n, "checks": n, "pass": n, "fail": n, "warn": n, "skipped": n,
+                "hosts_by_status": {"pass": n, "fail": n, "warn": n, "skipped": n}}}
+
+where ``<check>`` is ``Check.as_dict()``: host, check, subject, status, measured, target, unit,
+message, detail. A host's status is fail if any check failed, else warn if any warned, else pass if
+any passed, else skipped.
+"""
+
+from __future__ import annotations
+
+import difflib
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, fields
+from datetime import datetime, timezone
+from typing import Any, Optional
+
+from .cpulist import format_cpulist
+from .errors import NumaTuneError, VerifyError
+from .units import render_files, unit_of
+
+SCHEMA = "numafleet.verify/1"
+STATUSES = ("pass", "fail", "warn", "skipped")
+# Worst first: the status a host gets from its checks.
+_SEVERITY = ("fail", "warn", "pass", "skipped")
+DEFAULT_THRESHOLDS = {
+    "cross_node_target_pct": 2,
+    "memory_warn_pct": 80,
+    "memory_fail_pct": 90,
+}
+RENDER_MODE_REASON = "render mode: nothing runs"
+SERVICE_CHECKS = ("running", "cpus_binding", "mems_binding", "offnode_share", "gpu_locality")
+NODE_CHECKS = ("memory_used", "hugepages_total")
+STATIC_CHECKS = ("rendered_units",)
+_SUMMARY_PROBLEMS = 5
+
+
+@dataclass(frozen=True)
+class Check:
+    """One verdict. ``measured`` and ``target`` are JSON-ready, in ``unit``; ``detail`` is short."""
+
+    host: str
+    check: str
+    subject: str
+    status: str
+    measured: Any
+    target: Any
+    unit: str
+    message: str
+    detail: str = ""
+
+    def as_dict(self) -> dict:
+        """JSON-ready dict of the check (the report's check entry)."""
+        return {field.name: getattr(self, field.name) for field in fields(self)}
+
+
+_FIELDS = tuple(field.name for field in fields(Check))
+
+
+def as_check(value) -> Check:
+    """A Check from a Check or its as_dict() (checks gathered from hostvars); raises VerifyError."""
+    if isinstance(value, Check):
+        return value
+    if not isinstance(value, dict):
+        raise VerifyError(
+            f"a check is {type(value).__name__}, not a mapping; pass the checks that "
+            "numafleet verify produced"
+        )
+    missing = [name for name in _FIELDS[:-1] if name not in value]
+    if missing:
+        raise VerifyError(
+            f"check {value!r} lacks {', '.join(missing)}; pass the checks that numafleet verify produced"
+        )
+    if value["status"] not in STATUSES:
+        raise VerifyError(
+            f"check {value.get('check')!r} of host {value.get('host')!r} has status "
+            f"{value['status']!r}; a status is one of {', '.join(STATUSES)}"
+        )
+    return Check(**{name: value.get(name, "") for name in _FIELDS})
+
+
+# --- inputs ------------------------------------------------------------------------------------
+
+
+def _number(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise VerifyError(
+            f"verify threshold {name} is {value!r}, not a number; set it to a percentage "
+            "between 0 and 100"
+        )
+    if not 0 <= value <= 100:
+        raise VerifyError(
+            f"verify threshold {name} is {value!r}; set it to a percentage between 0 and 100"
+        )
+    return value
+
+
+def parse_thresholds(thresholds: Optional[dict]) -> dict:
+    """The thresholds with defaults filled in; raises VerifyError for unknown keys or bad values."""
+    if thresholds is None:
+        thresholds = {}
+    if not isinstance(thresholds, dict):
+        raise VerifyError(
+            f"verify thresholds are {type(thresholds).__name__}, not a mapping; give a mapping "
+            f"with any of {', '.join(DEFAULT_THRESHOLDS)}"
+        )
+    unknown = sorted(str(key) for key in thresholds if key not in DEFAULT_THRESHOLDS)
+    if unknown:
+        raise VerifyError(
+            f"verify thresholds have unknown key(s) {', '.join(unknown)}; the keys are "
+            f"{', '.join(DEFAULT_THRESHOLDS)}"
+        )
+    out = dict(DEFAULT_THRESHOLDS)
+    for key, value in thresholds.items():
+        if value is not None:
+            out[key] = _number(value, key)
+    if out["memory_warn_pct"] > out["memory_fail_pct"]:
+        raise VerifyError(
+            f"verify threshold memory_warn_pct ({out['memory_warn_pct']}) is above "
+            f"memory_fail_pct ({out['memory_fail_pct']}); set memory_warn_pct to at most "
+            "memory_fail_pct"
+        )
+    return out
+
+
+def _mapping(value, what: str, host: str) -> dict:
+    if not isinstance(value, dict):
+        raise VerifyError(
+            f"host {host}: {what} is {type(value).__name__}, not a mapping; pass "
+            + (
+                "ansible_facts.numafleet_plan"
+                if what == "plan"
+                else "the result of numafleet.tuning.numa_locality_info"
+            )
+        )
+    return value
+
+
+def _pct(value: float, digits: int = 1) -> str:
+    text = f"{value:.{digits}f}"
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return text
+
+
+def _versus(measured: float, op: str, target: float) -> str:
+    """'7.1% > 2%', with more digits when the rounding would hide the difference."""
+    for digits in range(1, 7):
+        left, right = _pct(measured, digits), _pct(target, digits)
+        if left != right or measured == target:
+            break
+    return f"{left}% {op} {right}%"
+
+
+def _size(kb: int) -> str:
+    if kb >= 1048576 and kb % 1048576 == 0:
+        return f"{kb // 1048576} GiB"
+    if kb >= 1024 and kb % 1024 == 0:
+        return f"{kb // 1024} MiB"
+    return f"{kb} kB"
+
+
+# --- checks ------------------------------------------------------------------------------------
+
+
+class _Checks:
+    """Collects the checks of one host."""
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self.out: list[Check] = []
+
+    def add(self, check, subject, status, measured, target, unit, message, detail="") -> None:
+        self.out.append(
+            Check(self.host, check, str(subject), status, measured, target, unit, message, detail)
+        )
+
+    def skip(self, check: str, subject: str, reason: str, target=None, unit: str = "") -> None:
+        self.add(check, subject, "skipped", None, target, unit, f"skipped: {reason}", reason)
+
+
+def _first_difference(want: str, got: str) -> str:
+    for line in difflib.unified_diff(
+        want.splitlines(), got.splitlines(), "plan", "disk", lineterm="", n=0
+    ):
+        if line.startswith("@@"):
+            return f" (first difference: {line})"
+    return " (line endings or trailing newline differ)"
+
+
+def _check_rendered(out: _Checks, plan: dict, current: dict, render_options: dict) -> None:
+    try:
+        want = render_files(plan, **render_options)
+    except NumaTuneError as exc:
+        out.add(
+            "rendered_units",
+            "plan",
+            "fail",
+            None,
+            None,
+            "file",
+            f"the plan cannot be rendered: {exc}",
+            "plan does not render",
+        )
+        return
+    by_unit: dict = {}
+    for path in sorted(want):
+        by_unit.setdefault(unit_of(path), []).append(path)
+    for unit in sorted(by_unit):
+        states: dict = {}
+        problems = []
+        for path in by_unit[unit]:
+            got = current.get(path)
+            if got is None:
+                states[path] = "missing"
+                problems.append(f"{path} is missing")
+            elif got != want[path]:
+                states[path] = "differs"
+                problems.append(f"{path} differs from the plan{_first_difference(want[path], got)}")
+            else:
+                states[path] = "matches"
+        if problems:
+            bad = [state for state in states.values() if state != "matches"]
+            out.add(
+                "rendered_units",
+                unit,
+                "fail",
+                states,
+                "matches",
+                "file",
+                "; ".join(problems) + "; run the playbook again to write the plan's units",
+                f"{len(bad)} of {len(states)} file(s) {'/'.join(sorted(set(bad)))}",
+            )
+        else:
+            out.add(
+                "rendered_units",
+                unit,
+                "pass",
+                states,
+                "matches",
+                "file",
+                f"{len(states)} file(s) match the plan",
+            )
+
+
+def _find_service(services: list, placement: dict) -> Optional[dict]:
+    for key in ("name", "unit"):
+        for entry in services:
+            if isinstance(entry, dict) and entry.get(key) == placement.get(key):
+                return entry
+    return None
+
+
+def _check_binding(out: _Checks, name: str, kind: str, binding: dict, planned: list) -> None:
+    check = f"{kind}_binding"
+    field = "Cpus_allowed_list" if kind == "cpus" else "Mems_allowed_list"
+    allowed = binding.get(f"{kind}_allowed")
+    flag = binding.get(f"{kind}_ok")
+    if allowed is None and flag is None:
+        out.skip(check, name, f"no {field} measured", format_cpulist(planned), "cpulist")
+        return
+    ok = flag is not False
+    if allowed is not None:
+        ok = ok and set(allowed) <= set(planned)
+    measured = None if allowed is None else format_cpulist(allowed)
+    target = format_cpulist(planned)
+    if ok:
+        out.add(check, name, "pass", measured, target, "cpulist", f"{field} within {target}")
+        return
+    outside = format_cpulist(set(allowed or ()) - set(planned))
+    text = f"{field} {measured} is not within the plan's {target or '(none)'}"
+    if outside:
+        text += f" ({outside} outside)"
+    fix = (
+        "; restart the unit so systemd applies its CPUAffinity/AllowedCPUs"
+        if kind == "cpus"
+        else "; restart the unit so systemd applies AllowedMemoryNodes (NUMAPolicy=bind alone "
+        "leaves Mems_allowed_list at all nodes)"
+    )
+    out.add(
+        check,
+        name,
+        "fail",
+        measured,
+        target,
+        "cpulist",
+        text + fix,
+        f"{measured} not within {target}",
+    )
+
+
+def _check_offnode(out: _Checks, name: str, entry: dict, target_pct: float) -> None:
+    share = entry.get("offnode_share")
+    if share is None:
+        out.skip(
+            "offnode_share",
+            name,
+            "no anonymous or hugetlb pages resident",
+            target_pct,
+            "pct",
+        )
+        return
+    pct = share * 100
+    if share > target_pct / 100:
+        out.add(
+            "offnode_share",
+            name,
+            "fail",
+            pct,
+            target_pct,
+            "pct",
+            f"{_pct(pct)}% of its anonymous and hugetlb memory is on nodes outside the plan's "
+            f"mems (target at most {_pct(target_pct)}%); restart it under the planned binding, or "
+            "look for memory allocated before the binding applied",
+            _versus(pct, ">", target_pct),
+        )
+    else:
+        out.add(
+            "offnode_share",
+            name,
+            "pass",
+            pct,
+            target_pct,
+            "pct",
+            f"{_pct(pct)}% off-node (target at most {_pct(target_pct)}%)",
+            _versus(pct, "<=", target_pct),
+        )
+
+
+def _check_gpus(out: _Checks, name: str, placement: dict, entry: dict) -> None:
+    planned = [gpu for gpu in placement.get("gpus") or () if isinstance(gpu, dict)]
+    local = set(placement.get("nodes") or ()) | set(placement.get("mems") or ())
+    target = sorted(local)
+    seen = {
+        gpu.get("address"): gpu
+        for gpu in entry.get("gpu_locality") or ()
+        if isinstance(gpu, dict) and gpu.get("address")
+    }
+    measured: dict = {}
+    far, unknown, missing = [], [], []
+    for gpu in sorted(planned, key=lambda item: str(item.get("address"))):
+        address = gpu.get("address")
+        got = seen.get(address)
+        if got is None:
+            missing.append(address)
+            measured[address] = None
+            continue
+        node = got.get("node") if "node" in got else None
+        measured[address] = node
+        if node is None:
+            if got.get("ok") is False:
+                far.append(f"{address} (node unknown)")
+            else:
+                unknown.append(address)
+        elif node not in local:
+            far.append(f"{address} on node{node}")
+    if far or missing:
+        parts = []
+        if far:
+            parts.append(f"{', '.join(far)} not on the placement's nodes {format_cpulist(local)}")
+        if missing:
+            parts.append(f"{', '.join(missing)} not found on the host")
+        out.add(
+            "gpu_locality",
+            name,
+            "fail",
+            measured,
+            target,
+            "node",
+            "; ".join(parts) + "; gather facts again and re-plan",
+            "; ".join(parts),
+        )
+    elif unknown:
+        out.add(
+            "gpu_locality",
+            name,
+            "warn",
+            measured,
+            target,
+            "node",
+            f"NUMA node of {', '.join(unknown)} is unknown (sysfs numa_node is -1): locality "
+            "cannot be checked",
+            f"{', '.join(unknown)} node unknown",
+        )
+    else:
+        out.add(
+            "gpu_locality",
+            name,
+            "pass",
+            measured,
+            target,
+            "node",
+            f"{len(measured)} GPU(s) on node(s) {format_cpulist(local)}",
+        )
+
+
+def _check_service(out: _Checks, placement: dict, entry: Optional[dict], thresholds: dict) -> None:
+    name = str(placement.get("name"))
+    has_gpus = bool(placement.get("gpus"))
+    checks = SERVICE_CHECKS if has_gpus else SERVICE_CHECKS[:-1]
+    if entry is None:
+        out.add(
+            "running",
+            name,
+            "fail",
+            None,
+            True,
+            "bool",
+            f"no measurement for {placement.get('unit')}; pass every planned service to "
+            "numafleet.tuning.numa_locality_info",
+            "not measured",
+        )
+        for check in checks[1:]:
+            out.skip(check, name, "service not measured")
+        return
+    pids = entry.get("pids") or []
+    if not entry.get("running"):
+        out.add(
+            "running",
+            name,
+            "fail",
+            False,
+            True,
+            "bool",
+            f"{placement.get('unit')} is not running (no processes in its cgroup); start it "
+            f"with systemctl start {placement.get('unit')}",
+            "not running",
+        )
+        for check in checks[1:]:
+            out.skip(check, name, "service not running")
+        return
+    out.add(
+        "running", name, "pass", True, True, "bool", f"{placement.get('unit')}: {len(pids)} PID(s)"
+    )
+    binding = entry.get("binding") or {}
+    _check_binding(out, name, "cpus", binding, list(placement.get("cpus") or ()))
+    _check_binding(out, name, "mems", binding, list(placement.get("mems") or ()))
+    _check_offnode(out, name, entry, thresholds["cross_node_target_pct"])
+    if has_gpus:
+        _check_gpus(out, name, placement, entry)
+
+
+def _check_memory(out: _Checks, node: dict, thresholds: dict) -> None:
+    subject = f"node{node.get('id')}"
+    total, used = node.get("memory_total_kb"), node.get("memory_used_kb")
+    warn, fail = thresholds["memory_warn_pct"], thresholds["memory_fail_pct"]
+    if total and used is not None:
+        pct = used * 100 / total
+        # Integer comparison: exactly at a threshold counts as reaching it.
+        at_fail, at_warn = used * 100 >= fail * total, used * 100 >= warn * total
+    elif node.get("memory_used_pct") is not None:
+        pct = node["memory_used_pct"]
+        at_fail, at_warn = pct >= fail, pct >= warn
+    else:
+        out.skip("memory_used", subject, "no memory use measured", warn, "pct")
+        return
+    if at_fail:
+        status, target, op = "fail", fail, ">="
+    elif at_warn:
+        status, target, op = "warn", warn, ">="
+    else:
+        status, target, op = "pass", warn, "<"
+    message = f"{_pct(pct)}% of its memory in use"
+    if status != "pass":
+        message += (
+            f" (warn at {_pct(warn)}%, fail at {_pct(fail)}%); move a placement or lower its memory"
+        )
+    out.add("memory_used", subject, status, pct, target, "pct", message, _versus(pct, op, target))
+
+
+def _pools(entries, count_key: str) -> dict:
+    pools: dict = {}
+    for entry in entries or ():
+        if isinstance(entry, dict) and entry.get("size_kb") is not None:
+            pools[int(entry["size_kb"])] = int(entry.get(count_key) or 0)
+    return pools
+
+
+def _check_hugepages(out: _Checks, nid, planned: dict, node: Optional[dict]) -> None:
+    subject = f"node{nid}"
+    target = {str(size): count for size, count in sorted(planned.items())}
+    if node is None:
+        out.add(
+            "hugepages_total",
+            subject,
+            "fail",
+            None,
+            target,
+            "pages",
+            f"node {nid} has hugepage pools in the plan but was not measured",
+            "not measured",
+        )
+        return
+    reserved = _pools(node.get("hugepages"), "total")
+    measured = {str(size): count for size, count in sorted(reserved.items()) if count}
+    short = [
+        f"{_size(size)}: {reserved.get(size, 0)} != {count}"
+        for size, count in sorted(planned.items())
+        if reserved.get(size, 0) != count
+    ]
+    extra = [
+        f"{_size(size)}: {count} reserved, none planned"
+        for size, count in sorted(reserved.items())
+        if count and size not in planned
+    ]
+    if short:
+        out.add(
+            "hugepages_total",
+            subject,
+            "fail",
+            measured,
+            target,
+            "pages",
+            "reserved hugepages differ from the plan (reserved != planned): "
+            + ", ".join(short + extra)
+            + "; reserve the planned counts (numafleet.tuning.numa_hugepages) or re-plan",
+            ", ".join(short),
+        )
+    elif extra:
+        out.add(
+            "hugepages_total",
+            subject,
+            "warn",
+            measured,
+            target,
+            "pages",
+            f"pools outside the plan hold memory: {', '.join(extra)}",
+            ", ".join(extra),
+        )
+    else:
+        out.add(
+            "hugepages_total",
+            subject,
+            "pass",
+            measured,
+            target,
+            "pages",
+            "reserved hugepages match the plan",
+        )
+
+
+def evaluate(
+    host: str,
+    plan: dict,
+    measured: Optional[dict],
+    thresholds: Optional[dict] = None,
+    render_mode: bool = False,
+    current_files: Optional[dict] = None,
+    render_options: Optional[dict] = None,
+) -> list[Check]:
+    """The checks of one host; raises VerifyError for bad thresholds or inputs of the wrong shape.
+
+    ``measured`` is numa_locality_info's result ({services, nodes}); it may be None in render mode.
+    ``current_files`` is {host path: text or None when absent} of the rendered files (as
+    ``units.read_files`` returns them); None skips ``rendered_units``. ``render_options`` are the
+    keyword arguments of ``units.render_files`` (header, hardening_default, unit_dir).
+    """
+    limits = parse_thresholds(thresholds)
+    plan = _mapping(plan, "plan", host)
+    out = _Checks(host)
+    if current_files is None:
+        out.skip("rendered_units", "units", "no rendered files given", "matches", "file")
+    else:
+        _check_rendered(
+            out, plan, _mapping(current_files, "current_files", host), render_options or {}
+        )
+    placements = sorted(
+        (p for p in plan.get("placements") or () if isinstance(p, dict)),
+        key=lambda p: str(p.get("name")),
+    )
+    plan_nodes = sorted(
+        (n for n in plan.get("nodes") or () if isinstance(n, dict) and n.get("id") is not None),
+        key=lambda n: n["id"],
+    )
+    planned_pools = {n["id"]: _pools(n.get("hugepages"), "count") for n in plan_nodes}
+    if render_mode:
+        for placement in placements:
+            has_gpus = bool(placement.get("gpus"))
+            for check in SERVICE_CHECKS if has_gpus else SERVICE_CHECKS[:-1]:
+                out.skip(check, str(placement.get("name")), RENDER_MODE_REASON)
+        for node in plan_nodes:
+            if node.get("memory_kb"):
+                out.skip("memory_used", f"node{node['id']}", RENDER_MODE_REASON)
+            if any(planned_pools[node["id"]].values()):
+                out.skip("hugepages_total", f"node{node['id']}", RENDER_MODE_REASON)
+        return out.out
+    if measured is None:
+        raise VerifyError(
+            f"host {host}: no measurement outside render mode; pass the result of "
+            "numafleet.tuning.numa_locality_info"
+        )
+    measured = _mapping(measured, "measured", host)
+    services = [s for s in measured.get("services") or () if isinstance(s, dict)]
+    for placement in placements:
+        _check_service(out, placement, _find_service(services, placement), limits)
+    nodes = {
+        n["id"]: n
+        for n in measured.get("nodes") or ()
+        if isinstance(n, dict) and n.get("id") is not None
+    }
+    for nid in sorted(nodes):
+        node = nodes[nid]
+        if node.get("memory_total_kb") or node.get("memory_used_pct") is not None:
+            _check_memory(out, node, limits)
+    for nid in sorted(set(nodes) | set(planned_pools)):
+        planned = {size: count for size, count in planned_pools.get(nid, {}).items() if count}
+        node = nodes.get(nid)
+        reserved = _pools(node.get("hugepages"), "total") if node else {}
+        if planned or any(reserved.values()):
+            _check_hugepages(out, nid, planned, node)
+    return out.out
+
+
+# --- reports -----------------------------------------------------------------------------------
+
+
+def _counts(checks: list) -> dict:
+    counts = dict.fromkeys(STATUSES, 0)
+    for check in checks:
+        counts[check.status] += 1
+    return counts
+
+
+def _status(counts: dict) -> str:
+    for status in _SEVERITY:
+        if counts.get(status):
+            return status
+    return "skipped"
+
+
+def _by_host(checks) -> dict:
+    hosts: dict = {}
+    for check in map(as_check, checks):
+        hosts.setdefault(check.host, []).append(check)
+    return dict(sorted(hosts.items()))
+
+
+def summary_line(host: str, checks) -> str:
+    """'<host>: 12 passed, 1 failed, 3 skipped; FAIL offnode_share embed 7.1% > 2%' for one host."""
+    mine = [check for check in map(as_check, checks) if check.host == host]
+    counts = _counts(mine)
+    parts = [f"{counts['pass']} passed"]
+    if counts["warn"]:
+        parts.append(f"{counts['warn']} warned")
+    parts += [f"{counts['fail']} failed", f"{counts['skipped']} skipped"]
+    line = f"{host}: {', '.join(parts)}"
+    problems = [c for c in mine if c.status == "fail"] + [c for c in mine if c.status == "warn"]
+    notes = [
+        f"{check.status.upper()} {check.check} {check.subject}"
+        + (f" {check.detail}" if check.detail else "")
+        for check in problems[:_SUMMARY_PROBLEMS]
+    ]
+    if len(problems) > _SUMMARY_PROBLEMS:
+        notes.append(f"and {len(problems) - _SUMMARY_PROBLEMS} more")
+    return "; ".join([line] + notes)
+
+
+def _generated_at(run: Optional[dict]) -> str:
+    value = (run or {}).get("generated_at")
+    if not isinstance(value, str) or not value:
+        raise VerifyError(
+            f"verify run has generated_at {value!r}; pass an ISO 8601 time such as "
+            "2025-01-31T12:00:00Z (ansible_date_time.iso8601 on the controller)"
+        )
+    return value
+
+
+def _timestamp(run: Optional[dict]) -> float:
+    text = _generated_at(run)
+    try:
+        when = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
+    except ValueError:
+        raise VerifyError(
+            f"verify run has generated_at {text!r}, which is not ISO 8601; pass a time such as "
+            "2025-01-31T12:00:00Z"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return when.timestamp()
+
+
+def as_json_report(run: dict, checks) -> dict:
+    """The JSON-ready report of schema numafleet.verify/1 (see the module docstring); raises VerifyError."""
+    generated_at = _generated_at(run)
+    _timestamp(run)
+    hosts: dict = {}
+    totals = dict.fromkeys(STATUSES, 0)
+    by_status = dict.fromkeys(STATUSES, 0)
+    for host, mine in _by_host(checks).items():
+        counts = _counts(mine)
+        status = _status(counts)
+        hosts[host] = {
+            "status": status,
+            "summary": summary_line(host, mine),
+            "counts": counts,
+            "checks": [check.as_dict() for check in mine],
+        }
+        by_status[status] += 1
+        for key, value in counts.items():
+            totals[key] += value
+    return {
+        "schema": SCHEMA,
+        "generated_at": generated_at,
+        "run": {key: value for key, value in sorted(run.items()) if key != "generated_at"},
+        "status": _status(by_status),
+        "hosts": hosts,
+        "totals": {
+            "hosts": len(hosts),
+            "checks": sum(totals.values()),
+            **totals,
+            "hosts_by_status": by_status,
+        },
+    }
+
+
+def _xml_text(value) -> str:
+    """Text XML 1.0 can carry: other control characters become U+FFFD."""
+    text = str(value)
+    return "".join(
+        ch
+        if ch in "\t\n\r"
+        or ("\x20" <= ch <= "\ud7ff")
+        or ("\ue000" <= ch <= "\ufffd")
+        or ch > "\uffff"
+        else "\ufffd"
+        for ch in text
+    )
+
+
+def as_junit_xml(checks, run: Optional[dict] = None) -> str:
+    """JUnit XML text: a testsuite per host, a testcase per host x check x subject."""
+    root = ET.Element("testsuites", name="numafleet verify")
+    totals = dict.fromkeys(STATUSES, 0)
+    stamp = None if run is None else _generated_at(run)
+    for host, mine in _by_host(checks).items():
+        counts = _counts(mine)
+        suite = ET.SubElement(
+            root,
+            "testsuite",
+            name=_xml_text(host),
+            tests=str(len(mine)),
+            failures=str(counts["fail"]),
+            errors="0",
+            skipped=str(counts["skipped"]),
+            time="0",
+        )
+        if stamp is not None:
+            suite.set("timestamp", _xml_text(stamp))
+        properties = ET.SubElement(suite, "properties")
+        ET.SubElement(properties, "property", name="warnings", value=str(counts["warn"]))
+        ET.SubElement(properties, "property", name="status", value=_status(counts))
+        for check in mine:
+            case = ET.SubElement(
+                suite,
+                "testcase",
+                classname=_xml_text(f"{host}.{check.check}"),
+                name=_xml_text(check.subject),
+                time="0",
+            )
+            if check.status == "fail":
+                failure = ET.SubElement(
+                    case, "failure", message=_xml_text(check.message), type=check.check
+                )
+                failure.text = _xml_text(
+                    f"measured {check.measured!r} {check.unit}, target {check.target!r}"
+                )
+            elif check.status == "skipped":
+                ET.SubElement(case, "skipped", message=_xml_text(check.message))
+            elif check.status == "warn":
+                ET.SubElement(case, "system-out").text = _xml_text(f"WARN: {check.message}")
+        for key, value in counts.items():
+            totals[key] += value
+    root.set("tests", str(sum(totals.values())))
+    root.set("failures", str(totals["fail"]))
+    root.set("errors", "0")
+    root.set("skipped", str(totals["skipped"]))
+    root.set("time", "0")
+    return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def _label(value) -> str:
+    """A label value escaped per the text exposition format (backslash, quote, newline)."""
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _help(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def _value(number) -> str:
+    return repr(float(number))
+
+
+def _labels(pairs: tuple) -> str:
+    return "{" + ",".join(f'{key}="{_label(value)}"' for key, value in pairs) + "}"
+
+
+METRICS = {
+    "numafleet_check_status": "1 for the status a verify check has, 0 for the other statuses "
+    "(pass, fail, warn, skipped)",
+    "numafleet_verify_checks": "Number of verify checks of the host by status",
+    "numafleet_verify_last_run_timestamp_seconds": "Unix time the verify run was generated",
+    "numafleet_offnode_share_ratio": "Share of a service's anonymous and hugetlb memory on nodes "
+    "outside its planned mems (0-1)",
+    "numafleet_remote_access_ratio": "node-load-misses / node-loads of a service's cgroup over "
+    "the sampling window (perf; absent when unavailable)",
+    "numafleet_node_memory_used_ratio": "Used / total memory of a NUMA node (0-1)",
+    "numafleet_node_allocation_miss_ratio": "numastat other_node / (local_node + other_node) of a "
+    "NUMA node over the sampling window (allocations, not accesses)",
+}
+
+
+def as_prometheus_text(checks, measured: Optional[dict] = None, run: Optional[dict] = None) -> str:
+    """Prometheus text exposition (node_exporter textfile) of checks and measurements.
+
+    ``measured`` is {host: numa_locality_info result}; ``run`` gives generated_at for the
+    last-run timestamp. Raises VerifyError for a bad generated_at.
+    """
+    hosts = _by_host(checks)
+    families: dict = {name: [] for name in METRICS}
+    for host, mine in hosts.items():
+        for check in mine:
+            for status in STATUSES:
+                pairs = (("host", host), ("check", check.check), ("subject", check.subject))
+                families["numafleet_check_status"].append(
+                    (pairs + (("status", status),), 1 if check.status == status else 0)
+                )
+        counts = _counts(mine)
+        for status in STATUSES:
+            families["numafleet_verify_checks"].append(
+                ((("host", host), ("status", status)), counts[status])
+            )
+    if run is not None:
+        stamp = _timestamp(run)
+        for host in sorted(set(hosts) | set(measured or {})):
+            families["numafleet_verify_last_run_timestamp_seconds"].append(
+                ((("host", host),), stamp)
+            )
+    for host in sorted(measured or {}):
+        result = measured[host] or {}
+        if not isinstance(result, dict):
+            raise VerifyError(
+                f"host {host}: measured is {type(result).__name__}, not a mapping; pass "
+                "{host: result of numafleet.tuning.numa_locality_info}"
+            )
+        services = sorted(
+            (s for s in result.get("services") or () if isinstance(s, dict) and s.get("name")),
+            key=lambda s: str(s["name"]),
+        )
+        for service in services:
+            pairs = (("host", host), ("service", service["name"]))
+            if service.get("offnode_share") is not None:
+                families["numafleet_offnode_share_ratio"].append((pairs, service["offnode_share"]))
+            remote = service.get("remote_access") or {}
+            if remote.get("available") and remote.get("ratio") is not None:
+                families["numafleet_remote_access_ratio"].append((pairs, remote["ratio"]))
+        nodes = sorted(
+            (
+                n
+                for n in result.get("nodes") or ()
+                if isinstance(n, dict) and n.get("id") is not None
+            ),
+            key=lambda n: n["id"],
+        )
+        for node in nodes:
+            pairs = (("host", host), ("node", node["id"]))
+            total, used = node.get("memory_total_kb"), node.get("memory_used_kb")
+            if total and used is not None:
+                families["numafleet_node_memory_used_ratio"].append((pairs, used / total))
+            miss = (node.get("numastat") or {}).get("miss_ratio")
+            if miss is not None:
+                families["numafleet_node_allocation_miss_ratio"].append((pairs, miss))
+    lines = []
+    for name, samples in families.items():
+        if not samples:
+            continue
+        lines.append(f"# HELP {name} {_help(METRICS[name])}")
+        lines.append(f"# TYPE {name} gauge")
+        seen = set()
+        for pairs, value in samples:
+            if pairs not in seen:  # a series appears once (first wins), or the file is invalid
+                seen.add(pairs)
+                lines.append(f"{name}{_labels(pairs)} {_value(value)}")
+    return "\n".join(lines) + "\n" if lines else ""

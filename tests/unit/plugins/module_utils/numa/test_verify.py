@@ -1,0 +1,680 @@
+"""verify.py: checks from plan + measurement, boundaries, and reports read back by real parsers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from junitparser import Failure, JUnitXml, Skipped
+from prometheus_client.parser import text_string_to_metric_families
+
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import units, verify
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import (
+    NumaTuneError,
+    VerifyError,
+)
+
+HOST = "gpu-a100-01"
+RUN = {"generated_at": "2025-01-31T12:00:00Z", "mode": "live"}
+RUN_EPOCH = 1738324800.0
+GPU = "0000:17:00.0"
+
+
+def placement(name="embed", **overrides) -> dict:
+    """A placement in the plan's shape (planner.py), with overrides."""
+    base = {
+        "name": name,
+        "index": 0,
+        "unit": f"numafleet-{name}.service",
+        "unit_kind": "service",
+        "exec": "/usr/bin/sleep infinity",
+        "argv": ["/usr/bin/sleep", "infinity"],
+        "description": f"numafleet placement {name}",
+        "user": None,
+        "group": None,
+        "tenant": None,
+        "slice": "numafleet.slice",
+        "node": 0,
+        "nodes": [0],
+        "spans": False,
+        "cpus": [2, 3, 4, 5],
+        "cpus_requested": 4,
+        "mems": [0],
+        "memory_kb": 0,
+        "hugepages": None,
+        "gpus": [],
+        "cuda_visible_devices": "",
+        "mps": None,
+        "environment": {},
+        "hardening": None,
+        "warnings": [],
+    }
+    base.update(overrides)
+    return base
+
+
+def make_plan(*placements, nodes=None) -> dict:
+    return {
+        "version": 1,
+        "host": HOST,
+        "reserved_cpus": [0, 1],
+        "memory_headroom_pct": 15,
+        "placements": list(placements),
+        "tenants": [],
+        "nodes": nodes if nodes is not None else [plan_node(0)],
+        "gpus": [],
+        "mps_daemons": [],
+        "warnings": [],
+    }
+
+
+def plan_node(nid, hugepages=(), memory_kb=1000) -> dict:
+    return {
+        "id": nid,
+        "kind": "cpu+memory",
+        "memory_kb": memory_kb,
+        "budget_kb": memory_kb * 85 // 100,
+        "hugepages": [{"size_kb": size, "count": count} for size, count in hugepages],
+    }
+
+
+def service(name="embed", **overrides) -> dict:
+    """A measured service in numa_locality_info's shape (spec Part E)."""
+    base = {
+        "name": name,
+        "unit": f"numafleet-{name}.service",
+        "running": True,
+        "pids": [100, 101],
+        "binding": {"cpus_allowed": [2, 3], "mems_allowed": [0], "cpus_ok": True, "mems_ok": True},
+        "pages_kb": {"anon_huge_by_node": {"0": 1000}, "file_by_node": {"1": 50}},
+        "offnode_share": 0.0,
+        "gpu_locality": [],
+        "remote_access": {"available": False, "ratio": None, "reason": "perf not found"},
+    }
+    base.update(overrides)
+    return base
+
+
+def mnode(nid, used_kb=100, total_kb=1000, hugepages=(), miss_ratio=None) -> dict:
+    """A measured node in numa_locality_info's shape."""
+    return {
+        "id": nid,
+        "memory_total_kb": total_kb,
+        "memory_used_kb": used_kb,
+        "memory_used_pct": round(used_kb * 100 / total_kb, 1) if total_kb else None,
+        "hugepages": [{"size_kb": size, "total": total} for size, total in hugepages],
+        "numastat": {"local_node": 10, "other_node": 0, "miss_ratio": miss_ratio},
+    }
+
+
+def measure(*services, nodes=None) -> dict:
+    return {"services": list(services), "nodes": nodes if nodes is not None else [mnode(0)]}
+
+
+def pick(checks, check, subject=None) -> verify.Check:
+    found = [c for c in checks if c.check == check and (subject is None or c.subject == subject)]
+    assert len(found) == 1, found
+    return found[0]
+
+
+# --- thresholds --------------------------------------------------------------------------------
+
+
+def test_default_thresholds():
+    assert verify.parse_thresholds(None) == {
+        "cross_node_target_pct": 2,
+        "memory_warn_pct": 80,
+        "memory_fail_pct": 90,
+    }
+    assert verify.parse_thresholds({"memory_warn_pct": 70, "cross_node_target_pct": None}) == {
+        "cross_node_target_pct": 2,
+        "memory_warn_pct": 70,
+        "memory_fail_pct": 90,
+    }
+
+
+@pytest.mark.parametrize(
+    ("thresholds", "message"),
+    [
+        ([], "verify thresholds are list, not a mapping"),
+        ({"memory_pct": 5}, "unknown key(s) memory_pct; the keys are cross_node_target_pct"),
+        ({"memory_warn_pct": "80"}, "memory_warn_pct is '80', not a number"),
+        ({"memory_warn_pct": True}, "memory_warn_pct is True, not a number"),
+        ({"memory_fail_pct": 101}, "memory_fail_pct is 101; set it to a percentage between 0"),
+        ({"cross_node_target_pct": -1}, "cross_node_target_pct is -1; set it"),
+        ({"memory_warn_pct": 95}, "memory_warn_pct (95) is above memory_fail_pct (90)"),
+    ],
+)
+def test_bad_thresholds_are_named(thresholds, message):
+    with pytest.raises(VerifyError) as err:
+        verify.parse_thresholds(thresholds)
+    assert message in str(err.value)
+    assert isinstance(err.value, NumaTuneError)
+
+
+# --- per-service checks ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("share", "target", "status", "detail"),
+    [
+        (0.0, None, "pass", "0% <= 2%"),
+        (0.02, None, "pass", "2% <= 2%"),  # exactly at the target passes
+        (2 / 100, None, "pass", "2% <= 2%"),
+        (0.0201, None, "fail", "2.01% > 2%"),  # rounding would hide it: more digits
+        (1 / 14, None, "fail", "7.1% > 2%"),
+        (0.05, 5, "pass", "5% <= 5%"),
+        (0.051, 5, "fail", "5.1% > 5%"),
+        (1.0, 0, "fail", "100% > 0%"),
+        (0.0, 0, "pass", "0% <= 0%"),
+    ],
+)
+def test_offnode_share_boundaries(share, target, status, detail):
+    thresholds = None if target is None else {"cross_node_target_pct": target}
+    checks = verify.evaluate(
+        HOST, make_plan(placement()), measure(service(offnode_share=share)), thresholds
+    )
+    check = pick(checks, "offnode_share", "embed")
+    assert (check.status, check.detail, check.unit) == (status, detail, "pct")
+    assert check.measured == pytest.approx(share * 100)
+    assert check.target == (2 if target is None else target)
+
+
+def test_offnode_share_without_pages_is_skipped_not_passed():
+    checks = verify.evaluate(HOST, make_plan(placement()), measure(service(offnode_share=None)))
+    check = pick(checks, "offnode_share")
+    assert check.status == "skipped"
+    assert check.message == "skipped: no anonymous or hugetlb pages resident"
+
+
+@pytest.mark.parametrize(
+    ("binding", "cpus", "mems"),
+    [
+        ({"cpus_allowed": [2, 3, 4, 5], "mems_allowed": [0]}, "pass", "pass"),
+        (
+            {"cpus_allowed": [2], "mems_allowed": [0], "cpus_ok": True, "mems_ok": True},
+            "pass",
+            "pass",
+        ),
+        ({"cpus_allowed": [0, 1, 2, 3], "mems_allowed": [0, 1]}, "fail", "fail"),
+        # the module's per-PID verdict wins when the union looks fine
+        ({"cpus_allowed": [2, 3], "mems_allowed": [0], "cpus_ok": False}, "fail", "pass"),
+        ({"cpus_ok": True, "mems_ok": False}, "pass", "fail"),
+        ({}, "skipped", "skipped"),
+    ],
+)
+def test_binding(binding, cpus, mems):
+    checks = verify.evaluate(HOST, make_plan(placement()), measure(service(binding=binding)))
+    assert pick(checks, "cpus_binding").status == cpus
+    assert pick(checks, "mems_binding").status == mems
+
+
+def test_binding_failure_messages_name_the_lists_and_the_fix():
+    binding = {"cpus_allowed": list(range(8)), "mems_allowed": [0, 1]}
+    checks = verify.evaluate(HOST, make_plan(placement()), measure(service(binding=binding)))
+    cpus, mems = pick(checks, "cpus_binding"), pick(checks, "mems_binding")
+    assert cpus.message.startswith(
+        "Cpus_allowed_list 0-7 is not within the plan's 2-5 (0-1,6-7 outside); restart"
+    )
+    assert (cpus.measured, cpus.target, cpus.unit) == ("0-7", "2-5", "cpulist")
+    assert "Mems_allowed_list 0-1 is not within the plan's 0 (1 outside)" in mems.message
+    assert "AllowedMemoryNodes" in mems.message
+
+
+def test_service_not_running_fails_and_skips_the_rest():
+    plan = make_plan(placement(gpus=[{"address": GPU, "uuid": "GPU-1", "node": 0}]))
+    checks = verify.evaluate(HOST, plan, measure(service(running=False, pids=[])))
+    running = pick(checks, "running")
+    assert running.status == "fail"
+    assert running.message == (
+        "numafleet-embed.service is not running (no processes in its cgroup); start it with "
+        "systemctl start numafleet-embed.service"
+    )
+    rest = [c for c in checks if c.subject == "embed" and c.check != "running"]
+    assert [c.check for c in rest] == [
+        "cpus_binding",
+        "mems_binding",
+        "offnode_share",
+        "gpu_locality",
+    ]
+    assert {c.status for c in rest} == {"skipped"}
+    # only node0's memory passes: the skipped checks are not counted as passed
+    assert verify.summary_line(HOST, checks) == (
+        f"{HOST}: 1 passed, 1 failed, 5 skipped; FAIL running embed not running"
+    )
+
+
+def test_service_missing_from_the_measurement_fails():
+    checks = verify.evaluate(HOST, make_plan(placement()), measure(service("other")))
+    running = pick(checks, "running", "embed")
+    assert (running.status, running.detail) == ("fail", "not measured")
+    assert "pass every planned service to numafleet.tuning.numa_locality_info" in running.message
+
+
+def test_service_is_matched_by_unit_when_names_differ():
+    measured = measure(service("renamed", unit="numafleet-embed.service"))
+    checks = verify.evaluate(HOST, make_plan(placement()), measured)
+    assert pick(checks, "running", "embed").status == "pass"
+
+
+@pytest.mark.parametrize(
+    ("plan_gpus", "measured_gpus", "status", "in_message"),
+    [
+        ([{"address": GPU, "node": 0}], [{"address": GPU, "node": 0, "ok": True}], "pass", "1 GPU"),
+        (
+            [{"address": GPU, "node": 0}],
+            [{"address": GPU, "node": 1, "ok": False}],
+            "fail",
+            f"{GPU} on node1 not on the placement's nodes 0",
+        ),
+        (
+            [{"address": GPU, "node": None}],
+            [{"address": GPU, "node": None, "ok": None}],
+            "warn",
+            "numa_node is -1",
+        ),
+        ([{"address": GPU, "node": 0}], [], "fail", f"{GPU} not found on the host"),
+    ],
+)
+def test_gpu_locality(plan_gpus, measured_gpus, status, in_message):
+    plan = make_plan(placement(gpus=plan_gpus))
+    checks = verify.evaluate(HOST, plan, measure(service(gpu_locality=measured_gpus)))
+    check = pick(checks, "gpu_locality", "embed")
+    assert check.status == status
+    assert in_message in check.message
+
+
+def test_gpu_on_a_memory_node_of_the_placement_is_local():
+    plan = make_plan(placement(nodes=[0], mems=[2], gpus=[{"address": GPU, "node": 2}]))
+    measured = measure(service(gpu_locality=[{"address": GPU, "node": 2, "ok": True}]))
+    assert pick(verify.evaluate(HOST, plan, measured), "gpu_locality").status == "pass"
+
+
+def test_service_without_gpus_has_no_gpu_check():
+    checks = verify.evaluate(HOST, make_plan(placement()), measure(service()))
+    assert [c.check for c in checks if c.subject == "embed"] == [
+        "running",
+        "cpus_binding",
+        "mems_binding",
+        "offnode_share",
+    ]
+
+
+# --- per-node checks ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("used_kb", "total_kb", "thresholds", "status", "detail"),
+    [
+        (0, 1000, None, "pass", "0% < 80%"),
+        (799, 1000, None, "pass", "79.9% < 80%"),
+        (800, 1000, None, "warn", "80% >= 80%"),  # exactly 80 warns
+        (899, 1000, None, "warn", "89.9% >= 80%"),
+        (900, 1000, None, "fail", "90% >= 90%"),  # exactly 90 fails
+        (1000, 1000, None, "fail", "100% >= 90%"),
+        # 79.99999% rounds to 80 but is below it: more digits
+        (7999999, 10000000, None, "pass", "79.99999% < 80%"),
+        (500, 1000, {"memory_warn_pct": 50, "memory_fail_pct": 50}, "fail", "50% >= 50%"),
+    ],
+)
+def test_memory_used_boundaries(used_kb, total_kb, thresholds, status, detail):
+    measured = measure(nodes=[mnode(0, used_kb, total_kb)])
+    check = pick(verify.evaluate(HOST, make_plan(), measured, thresholds), "memory_used", "node0")
+    assert check.status == status
+    assert check.detail == detail
+
+
+def test_memory_used_falls_back_to_the_percentage():
+    node = {"id": 1, "memory_used_pct": 85.0, "hugepages": []}
+    checks = verify.evaluate(HOST, make_plan(nodes=[]), measure(nodes=[node]))
+    check = pick(checks, "memory_used", "node1")
+    assert (check.status, check.measured, check.target) == ("warn", 85.0, 80)
+
+
+def test_memoryless_node_has_no_memory_check():
+    checks = verify.evaluate(HOST, make_plan(), measure(nodes=[mnode(0), mnode(1, 0, 0)]))
+    assert [c.subject for c in checks if c.check == "memory_used"] == ["node0"]
+
+
+@pytest.mark.parametrize(
+    ("planned", "reserved", "status", "in_message"),
+    [
+        ([(2048, 512)], [(2048, 512)], "pass", "match the plan"),
+        ([(2048, 512)], [(2048, 510)], "fail", "2 MiB: 510 != 512"),
+        ([(2048, 512)], [], "fail", "2 MiB: 0 != 512"),
+        ([(1048576, 4)], [(1048576, 4), (2048, 0)], "pass", "match the plan"),
+        ([(2048, 512)], [(2048, 512), (1048576, 2)], "warn", "1 GiB: 2 reserved, none planned"),
+        ([], [(1048576, 2)], "warn", "1 GiB: 2 reserved, none planned"),
+    ],
+)
+def test_hugepages_total(planned, reserved, status, in_message):
+    plan = make_plan(nodes=[plan_node(0, planned)])
+    check = pick(
+        verify.evaluate(HOST, plan, measure(nodes=[mnode(0, hugepages=reserved)])),
+        "hugepages_total",
+        "node0",
+    )
+    assert check.status == status
+    assert in_message in check.message
+    assert check.unit == "pages"
+
+
+def test_hugepages_compare_totals_not_free_pages():
+    # numa_locality_info reports totals; a fully used pool (free 0) still matches.
+    node = mnode(0, hugepages=[(2048, 512)])
+    node["hugepages"][0]["free"] = 0
+    plan = make_plan(nodes=[plan_node(0, [(2048, 512)])])
+    assert pick(verify.evaluate(HOST, plan, measure(nodes=[node])), "hugepages_total").status == (
+        "pass"
+    )
+
+
+def test_no_hugepage_check_without_pools_and_fail_for_unmeasured_node():
+    plan = make_plan(nodes=[plan_node(0), plan_node(1, [(2048, 8)])])
+    checks = verify.evaluate(HOST, plan, measure(nodes=[mnode(0)]))
+    hp = [c for c in checks if c.check == "hugepages_total"]
+    assert [(c.subject, c.status) for c in hp] == [("node1", "fail")]
+    assert "not measured" in hp[0].message
+
+
+# --- modes and static check --------------------------------------------------------------------
+
+
+def test_render_mode_skips_runtime_checks_and_runs_the_static_one():
+    plan = make_plan(
+        placement(gpus=[{"address": GPU, "node": 0}]),
+        nodes=[plan_node(0, [(2048, 4)]), plan_node(1, memory_kb=0)],
+    )
+    current = dict(units.render_files(plan))
+    checks = verify.evaluate(HOST, plan, None, render_mode=True, current_files=current)
+    rendered = pick(checks, "rendered_units")
+    assert (rendered.subject, rendered.status) == ("numafleet-embed.service", "pass")
+    runtime = [c for c in checks if c.check != "rendered_units"]
+    assert [(c.check, c.subject) for c in runtime] == [
+        ("running", "embed"),
+        ("cpus_binding", "embed"),
+        ("mems_binding", "embed"),
+        ("offnode_share", "embed"),
+        ("gpu_locality", "embed"),
+        ("memory_used", "node0"),
+        ("hugepages_total", "node0"),
+    ]
+    assert {(c.status, c.message) for c in runtime} == {
+        ("skipped", "skipped: render mode: nothing runs")
+    }
+    assert verify.summary_line(HOST, checks) == f"{HOST}: 1 passed, 0 failed, 7 skipped"
+
+
+def test_live_mode_needs_a_measurement():
+    with pytest.raises(VerifyError) as err:
+        verify.evaluate(HOST, make_plan(), None)
+    assert str(err.value) == (
+        f"host {HOST}: no measurement outside render mode; pass the result of "
+        "numafleet.tuning.numa_locality_info"
+    )
+
+
+@pytest.mark.parametrize(
+    ("plan", "measured", "message"),
+    [
+        ([], {}, f"host {HOST}: plan is list, not a mapping; pass ansible_facts.numafleet_plan"),
+        ({}, "x", f"host {HOST}: measured is str, not a mapping; pass the result of numafleet"),
+    ],
+)
+def test_inputs_of_the_wrong_shape(plan, measured, message):
+    with pytest.raises(VerifyError) as err:
+        verify.evaluate(HOST, plan, measured)
+    assert str(err.value).startswith(message)
+
+
+def test_rendered_units_missing_and_differing_files():
+    plan = make_plan(placement(), placement("llm", unit="vllm.service", unit_kind="dropin"))
+    want = units.render_files(plan)
+    service_path = "/etc/systemd/system/numafleet-embed.service"
+    dropin_path = "/etc/systemd/system/vllm.service.d/50-numafleet.conf"
+    assert set(want) == {service_path, dropin_path}
+    current = {service_path: want[service_path].replace("2-5", "2-7"), dropin_path: None}
+    checks = verify.evaluate(HOST, plan, None, render_mode=True, current_files=current)
+    embed = pick(checks, "rendered_units", "numafleet-embed.service")
+    assert embed.status == "fail"
+    assert embed.measured == {service_path: "differs"}
+    assert f"{service_path} differs from the plan (first difference: @@ -" in embed.message
+    vllm = pick(checks, "rendered_units", "vllm.service")
+    assert (vllm.status, vllm.detail) == ("fail", "1 of 1 file(s) missing")
+    assert vllm.message == (
+        f"{dropin_path} is missing; run the playbook again to write the plan's units"
+    )
+
+
+def test_rendered_units_without_files_is_skipped_and_bad_plan_fails():
+    checks = verify.evaluate(HOST, make_plan(), measure())
+    assert pick(checks, "rendered_units").status == "skipped"
+    bad = make_plan()
+    bad["version"] = 99
+    check = pick(verify.evaluate(HOST, bad, measure(), current_files={}), "rendered_units")
+    assert (check.subject, check.status) == ("plan", "fail")
+    assert "plan version is 99" in check.message
+
+
+# --- summary and reports -----------------------------------------------------------------------
+
+
+def mixed_checks() -> list:
+    """Checks of two hosts: one failing and warning, one clean."""
+    plan = make_plan(placement(), placement("llm", cpus=[6, 7]))
+    measured = measure(
+        service(offnode_share=1 / 14),
+        service("llm", binding={"cpus_allowed": [6, 7], "mems_allowed": [0]}),
+        nodes=[mnode(0, 850)],
+    )
+    first = verify.evaluate(HOST, plan, measured, current_files=units.render_files(plan))
+    second = verify.evaluate("cpu-01", make_plan(), measure(nodes=[mnode(0, 10)]))
+    return first + second
+
+
+def test_summary_line():
+    checks = mixed_checks()
+    assert verify.summary_line(HOST, checks) == (
+        f"{HOST}: 9 passed, 1 warned, 1 failed, 0 skipped; FAIL offnode_share embed 7.1% > 2%; "
+        "WARN memory_used node0 85% >= 80%"
+    )
+    assert verify.summary_line("cpu-01", checks) == "cpu-01: 1 passed, 0 failed, 1 skipped"
+
+
+def test_summary_line_caps_the_problems():
+    checks = [
+        verify.Check(HOST, "running", f"s{i}", "fail", False, True, "bool", "m", "not running")
+        for i in range(7)
+    ]
+    line = verify.summary_line(HOST, checks)
+    assert line.endswith("FAIL running s4 not running; and 2 more")
+
+
+def test_json_report_schema():
+    checks = mixed_checks()
+    report = json.loads(json.dumps(verify.as_json_report(RUN, checks)))
+    assert report["schema"] == "numafleet.verify/1"
+    assert report["generated_at"] == RUN["generated_at"]
+    assert report["run"] == {"mode": "live"}
+    assert report["status"] == "fail"
+    assert list(report["hosts"]) == ["cpu-01", HOST]
+    assert report["hosts"]["cpu-01"]["status"] == "pass"
+    assert report["hosts"][HOST]["status"] == "fail"
+    assert report["hosts"][HOST]["summary"] == verify.summary_line(HOST, checks)
+    assert report["totals"] == {
+        "hosts": 2,
+        "checks": 13,
+        "pass": 10,
+        "fail": 1,
+        "warn": 1,
+        "skipped": 1,
+        "hosts_by_status": {"pass": 1, "fail": 1, "warn": 0, "skipped": 0},
+    }
+    entry = report["hosts"][HOST]["checks"][0]
+    assert set(entry) == {
+        "host",
+        "check",
+        "subject",
+        "status",
+        "measured",
+        "target",
+        "unit",
+        "message",
+        "detail",
+    }
+    # Checks come back from JSON (hostvars) and give the same report.
+    again = [c for host in report["hosts"].values() for c in host["checks"]]
+    assert verify.as_json_report(RUN, again) == report
+
+
+def test_only_skipped_host_is_skipped_not_passed():
+    checks = verify.evaluate(HOST, make_plan(placement()), None, render_mode=True)
+    report = verify.as_json_report(RUN, checks)
+    assert report["hosts"][HOST]["status"] == "skipped"
+    assert report["totals"]["pass"] == 0
+
+
+@pytest.mark.parametrize(
+    ("run", "message"),
+    [
+        ({}, "verify run has generated_at None; pass an ISO 8601 time"),
+        ({"generated_at": "yesterday"}, "generated_at 'yesterday', which is not ISO 8601"),
+    ],
+)
+def test_report_needs_a_generation_time(run, message):
+    with pytest.raises(VerifyError) as err:
+        verify.as_json_report(run, [])
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("x", "a check is str, not a mapping"),
+        ({"host": HOST}, "lacks check, subject, status, measured, target, unit, message"),
+        (
+            {**verify.Check(HOST, "c", "s", "pass", 1, 1, "pct", "m").as_dict(), "status": "ok"},
+            "has status 'ok'; a status is one of pass, fail, warn, skipped",
+        ),
+    ],
+)
+def test_bad_checks_are_reported(value, message):
+    with pytest.raises(VerifyError) as err:
+        verify.summary_line(HOST, [value])
+    assert message in str(err.value)
+
+
+def test_junit_xml_parses_with_junitparser():
+    checks = mixed_checks()
+    text = verify.as_junit_xml(checks, RUN)
+    xml = JUnitXml.fromstring(text)
+    assert (xml.tests, xml.failures, xml.errors, xml.skipped) == (13, 1, 0, 1)
+    suites = {suite.name: suite for suite in xml}
+    assert sorted(suites) == ["cpu-01", HOST]
+    suite = suites[HOST]
+    assert (suite.tests, suite.failures, suite.skipped, suite.timestamp) == (
+        11,
+        1,
+        0,
+        RUN["generated_at"],
+    )
+    assert {p.name: p.value for p in suite.properties()} == {"warnings": "1", "status": "fail"}
+    cases = {(case.classname, case.name): case for case in suite}
+    assert len(cases) == 11
+    failed = cases[(f"{HOST}.offnode_share", "embed")]
+    (result,) = failed.result
+    assert isinstance(result, Failure)
+    assert result.message.startswith("7.1% of its anonymous and hugetlb memory is on nodes")
+    assert result.type == "offnode_share"
+    assert cases[(f"{HOST}.memory_used", "node0")].system_out.startswith("WARN: 85% of its")
+    assert cases[(f"{HOST}.running", "embed")].is_passed
+    skipped = next(case for case in suites["cpu-01"] if case.name == "units")
+    assert isinstance(skipped.result[0], Skipped)
+    assert skipped.result[0].message == "skipped: no rendered files given"
+
+
+def test_junit_xml_escapes_markup_and_control_characters():
+    nasty = 'a<b>&"c"\x01\x1b[0m'
+    checks = [verify.Check(HOST, "running", nasty, "fail", None, True, "bool", nasty)]
+    xml = JUnitXml.fromstring(verify.as_junit_xml(checks))
+    (case,) = next(iter(xml))
+    assert case.name == 'a<b>&"c"\ufffd\ufffd[0m'
+    assert case.result[0].message == case.name
+
+
+def test_prometheus_text_parses_with_the_client_parser():
+    checks = mixed_checks()
+    measured = {
+        HOST: measure(
+            service(offnode_share=0.25, remote_access={"available": True, "ratio": 0.1}),
+            service("llm", offnode_share=None),
+            nodes=[mnode(0, 850, miss_ratio=0.05), mnode(1, 250)],
+        ),
+        "cpu-01": measure(nodes=[mnode(0, 10)]),
+    }
+    text = verify.as_prometheus_text(checks, measured, RUN)
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert sorted(families) == sorted(verify.METRICS)
+    assert {f.type for f in families.values()} == {"gauge"}
+    assert all(f.documentation for f in families.values())
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in families.values()
+        for s in f.samples
+    }
+
+    def value(name, **labels):
+        return samples[(name, tuple(sorted(labels.items())))]
+
+    status = families["numafleet_check_status"].samples
+    assert len(status) == 4 * 13
+    assert value(
+        "numafleet_check_status", host=HOST, check="offnode_share", subject="embed", status="fail"
+    ) == (1.0)
+    assert value(
+        "numafleet_check_status", host=HOST, check="offnode_share", subject="embed", status="pass"
+    ) == (0.0)
+    assert sum(s.value for s in status) == 13  # one status per check
+    assert value("numafleet_verify_checks", host=HOST, status="warn") == 1.0
+    assert value("numafleet_verify_last_run_timestamp_seconds", host="cpu-01") == RUN_EPOCH
+    assert value("numafleet_offnode_share_ratio", host=HOST, service="embed") == 0.25
+    assert ("numafleet_offnode_share_ratio", (("host", HOST), ("service", "llm"))) not in samples
+    assert value("numafleet_remote_access_ratio", host=HOST, service="embed") == 0.1
+    assert value("numafleet_node_memory_used_ratio", host=HOST, node="1") == 0.25
+    assert value("numafleet_node_allocation_miss_ratio", host=HOST, node="0") == 0.05
+    # Every line is a comment or a sample; HELP and TYPE come before each family's samples.
+    lines = text.splitlines()
+    assert text.endswith("\n")
+    for name in verify.METRICS:
+        help_at = lines.index(next(line for line in lines if line.startswith(f"# HELP {name} ")))
+        assert lines[help_at + 1] == f"# TYPE {name} gauge"
+        assert lines[help_at + 2].startswith(name + "{")
+
+
+@pytest.mark.parametrize(
+    "label",
+    ['quote"d', "back\\slash", "new\nline", "brace}{=,", "ünïcode", "trailing\\"],
+)
+def test_prometheus_label_values_round_trip(label):
+    checks = [verify.Check(label, "running", label, "pass", True, True, "bool", "m")]
+    measured = {label: {"services": [service(label, offnode_share=0.5)], "nodes": []}}
+    text = verify.as_prometheus_text(checks, measured)
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    (share,) = families["numafleet_offnode_share_ratio"].samples
+    assert share.labels == {"host": label, "service": label}
+    assert {s.labels["subject"] for s in families["numafleet_check_status"].samples} == {label}
+
+
+def test_prometheus_text_of_nothing_is_empty():
+    assert verify.as_prometheus_text([]) == ""
+    assert list(text_string_to_metric_families(verify.as_prometheus_text([]))) == []
+
+
+def test_prometheus_series_appear_once():
+    check = verify.Check(HOST, "running", "embed", "pass", True, True, "bool", "m")
+    twice = {HOST: measure(service(offnode_share=0.1), service(offnode_share=0.9), nodes=[])}
+    text = verify.as_prometheus_text([check, check], twice)
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert len(families["numafleet_check_status"].samples) == 4
+    (share,) = families["numafleet_offnode_share_ratio"].samples
+    assert share.value == 0.1
