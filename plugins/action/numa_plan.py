@@ -10,13 +10,14 @@ on the facts that numa_facts / gpu_topology_facts already returned. Documentatio
 
 from __future__ import annotations
 
-from ansible.errors import AnsibleActionFail
-from ansible.plugins.action import ActionBase
-
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import NumaTuneError
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.planner import (
     plan_host,
     plan_summary,
+)
+from ansible_collections.numafleet.tuning.plugins.plugin_utils._controller import (
+    ControllerAction,
+    plain,
 )
 
 # Placements, tenants and the policy values are passed through untyped: the planner validates
@@ -33,43 +34,15 @@ ARGUMENT_SPEC = dict(
 )
 
 
-def _plain(value):
-    """Plain dict/list/str/int copies of Ansible's tagged and lazy containers, for the pure core."""
-    if isinstance(value, dict):
-        return {_plain(key): _plain(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(item) for item in value]
-    if isinstance(value, bool) or value is None:
-        return value
-    if isinstance(value, str):
-        return str(value)
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, float):
-        return float(value)
-    return value
-
-
-class ActionModule(ActionBase):
+class ActionModule(ControllerAction):
     """Plan one host's placements on the controller; returns ansible_facts.numafleet_plan."""
 
-    TRANSFERS_FILES = False
-    _requires_connection = False
-    _supports_check_mode = True
-    _supports_async = False
+    NAME = "numafleet.tuning.numa_plan"
+    ARGUMENT_SPEC = ARGUMENT_SPEC
 
     def run(self, tmp=None, task_vars=None):
         task_vars = task_vars or {}
-        result = super().run(tmp, task_vars)
-        del tmp  # no effect since ansible-core 2.x; kept for the signature
-
-        host = str(self._task.args.get("host") or task_vars.get("inventory_hostname", "localhost"))
-        try:
-            dummy, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
-        except AnsibleActionFail as exc:
-            raise AnsibleActionFail(
-                f"host {host}: numafleet.tuning.numa_plan: {exc.message}"
-            ) from None
+        result, host, args = self.start(tmp, task_vars)
 
         facts = task_vars.get("ansible_facts") or {}
         numa = args["numa"] if args["numa"] is not None else facts.get("numa")
@@ -92,16 +65,16 @@ class ActionModule(ActionBase):
         tenants = [] if args["tenants"] is None else args["tenants"]
         reserved = "" if args["reserved_cpus"] is None else args["reserved_cpus"]
         policy = {
-            "reserved_cpus": _plain(reserved),
-            "memory_headroom_pct": _plain(args["memory_headroom_pct"]),
+            "reserved_cpus": plain(reserved),
+            "memory_headroom_pct": plain(args["memory_headroom_pct"]),
         }
         try:
             plan = plan_host(
                 host,
-                _plain(numa),
-                _plain(gpu_topology),
-                _plain(placements),
-                _plain(tenants),
+                plain(numa),
+                plain(gpu_topology),
+                plain(placements),
+                plain(tenants),
                 policy,
             )
             summary = plan_summary(plan)

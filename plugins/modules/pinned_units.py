@@ -33,7 +33,10 @@ description:
     other files in O(unit_dir) are never touched.
   - With O(service_manager=systemd), a removed C(numafleet-*.service) is first stopped and
     disabled with C(systemctl disable --now <unit>). Reloading, restarting and starting are left to
-    the caller's handlers, through RV(reload_needed), RV(handler_restart) and RV(handler_start).
+    the caller's handlers, through RV(reload_needed), RV(handler_restart), RV(handler_try_restart)
+    and RV(handler_start).
+  - A unit pinned by a drop-in is only ever try-restarted (C(systemctl try-restart), restarted if
+    it is running), so that a vendor service that was stopped stays stopped.
   - Files are written atomically (a temporary file renamed over the old one), mode C(0644).
 options:
   plan:
@@ -82,7 +85,7 @@ options:
   service_manager:
     description:
       - V(systemd) stops and disables removed C(numafleet-*.service) units with C(systemctl) and
-        fills RV(handler_restart) and RV(handler_start).
+        fills RV(handler_restart), RV(handler_try_restart) and RV(handler_start).
       - V(none) only writes files and never runs C(systemctl), for render mode; RV(would_run) still
         lists what systemd would have to do.
     type: str
@@ -125,6 +128,12 @@ EXAMPLES = r"""
     daemon_reload: true
   loop: "{{ pinned.handler_restart }}"
 
+- name: Restart the pinned vendor services, only those that are running
+  ansible.builtin.command:
+    argv: [systemctl, try-restart, "{{ item }}"]
+  changed_when: true
+  loop: "{{ pinned.handler_try_restart }}"
+
 - name: Render the files into a scratch directory instead of the host
   numafleet.tuning.pinned_units:
     plan: "{{ numafleet_plan }}"
@@ -166,7 +175,7 @@ units:
     - Services whose C(numafleet-*.service) file or C(50-numafleet.conf) drop-in is new, changed,
       removed or unchanged.
     - A removed C(numafleet-*.service) is stopped and disabled; a unit whose drop-in is new,
-      changed or removed keeps its own enablement and is listed in RV(handler_restart).
+      changed or removed keeps its own enablement and is listed in RV(handler_try_restart).
   returned: always
   type: dict
   contains:
@@ -232,8 +241,9 @@ reload_needed:
 would_run:
   description:
     - The C(systemctl) commands that bring the running services in line with the files, in order
-      (C(disable --now) removed services, C(daemon-reload), C(restart) changed ones, C(enable --now)
-      new ones), whatever O(service_manager) and check mode.
+      (C(disable --now) removed services, C(daemon-reload), C(restart) changed ones, C(try-restart)
+      units whose drop-in is new, changed or removed, C(enable --now) new ones), whatever
+      O(service_manager) and check mode.
   returned: always
   type: list
   elements: str
@@ -246,7 +256,17 @@ ran:
   sample: [systemctl disable --now numafleet-old.service]
 handler_restart:
   description:
-    - Units to restart after a C(daemon-reload), for the caller's handlers.
+    - C(numafleet-*.service) units to restart after a C(daemon-reload), for the caller's handlers.
+    - Empty in check mode and with O(service_manager=none).
+  returned: always
+  type: list
+  elements: str
+  sample: [numafleet-llm-70b.service]
+handler_try_restart:
+  description:
+    - Units pinned by a drop-in that is new, changed or removed, to restart after a
+      C(daemon-reload) only if they are running (C(systemctl try-restart)); a stopped unit stays
+      stopped.
     - Empty in check mode and with O(service_manager=none).
   returned: always
   type: list
@@ -327,6 +347,7 @@ def main() -> None:
         would_run=actions.would_run(),
         ran=ran,
         handler_restart=list(actions.restart) if handlers else [],
+        handler_try_restart=list(actions.try_restart) if handlers else [],
         handler_start=list(actions.start) if handlers else [],
     )
     if module._diff:

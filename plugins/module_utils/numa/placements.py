@@ -65,6 +65,8 @@ GPU_SHORT_ADDRESS = re.compile(r"^[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 # Units this collection writes itself (numafleet-<placement>.service): never a drop-in target.
 GENERATED_UNIT_PREFIX = "numafleet-"
 _MIB_KB = 1024
+# What a drop-in leaves to the pinned unit itself (description/hardening are exec-only keys).
+_UNIT_OWN = {"description": "Description=", "hardening": "the sandboxing settings"}
 _CONTROL_NAMES = {"\t": "a tab", "\n": "a newline", "\r": "a carriage return"}
 
 
@@ -405,6 +407,12 @@ def _mps(host: str, where: str, value) -> Optional[Mps]:
         )
     limit = value.get("pinned_memory_limit")
     limit_kb = None if limit is None else _size(host, where, "mps.pinned_memory_limit", limit)
+    if limit_kb == 0:
+        raise _fail(
+            host,
+            f"{where}.mps.pinned_memory_limit: {limit!r} pins no device memory at all; write a "
+            "size such as 8G, or omit pinned_memory_limit for no limit",
+        )
     return Mps(pct, limit_kb)
 
 
@@ -425,6 +433,7 @@ def _identity(host: str, where: str, entry: dict) -> tuple:
             f"to pin with a drop-in); it has {'both' if exec_text is not None else 'neither'}",
         )
     user, group = entry.get("user"), entry.get("group")
+    hardening = entry.get("hardening")
     if unit is not None:
         for key, value in (("user", user), ("group", group)):
             if value is not None:
@@ -433,9 +442,23 @@ def _identity(host: str, where: str, entry: dict) -> tuple:
                     f"{where}: {key} only applies to exec placements (user/group with unit:); "
                     f"set {key.capitalize()}= in {unit} itself or remove {key}",
                 )
+        for key, value in (("description", entry.get("description")), ("hardening", hardening)):
+            if value is not None:
+                raise _fail(
+                    host,
+                    f"{where}: {key} only applies to exec placements ({key} with unit:); a "
+                    f"drop-in does not change {_UNIT_OWN[key]} of {unit}: remove {key}, or "
+                    f"change {unit} itself",
+                )
         if not isinstance(unit, str) or not _UNIT.match(unit):
             raise _fail(
                 host, f"{where}.unit: {unit!r} is not a service unit name; write e.g. vllm.service"
+            )
+        if unit.endswith("@.service"):
+            raise _fail(
+                host,
+                f"{where}.unit: {unit} is a template, not a unit that runs; pin an instance "
+                f"such as {unit[: -len('.service')]}1.service",
             )
         if unit.startswith(GENERATED_UNIT_PREFIX):
             raise _fail(
@@ -589,6 +612,13 @@ def parse_tenants(host: str, raw) -> list:
             memory_max_kb = None
         else:
             memory_max_kb = _size(host, where, "memory_max", memory_max)
+            if memory_max_kb == 0:
+                raise _fail(
+                    host,
+                    f"{where}.memory_max: {memory_max!r} would leave the tenant's slice no "
+                    "memory at all; write a size such as 64G, or infinity (or omit memory_max) "
+                    "for no limit",
+                )
         description = entry.get("description")
         if description is None:
             description = f"numafleet tenant {name}"

@@ -59,6 +59,7 @@ class _Gpu:
         "memory_mib",
         "mig_mode",
         "mig_profiles",
+        "mig_memory",
         "mig_existing",
         "use",
         "placements",
@@ -82,6 +83,7 @@ class _Gpu:
         self.mig_mode = mig.get("mode_current")
         profiles = mig.get("supported_profiles")
         self.mig_profiles = None
+        self.mig_memory: dict = {}  # profile name -> memory_mib of one instance
         self.mig_existing: list = []
         if self.mig_mode == "enabled" and profiles is not None:
             self.mig_profiles = {
@@ -90,6 +92,11 @@ class _Gpu:
                 )
                 for profile in profiles
                 if profile.get("name")
+            }
+            self.mig_memory = {
+                profile["name"]: profile["memory_mib"]
+                for profile in profiles
+                if profile.get("name") and profile.get("memory_mib")
             }
             self.mig_existing = sorted(
                 (
@@ -235,6 +242,9 @@ class _Host:
         }
         self.taken_cpus: set = set()
         self.planned_cpus: dict = {}  # node -> CPUs given to placements
+        # Free groups left of cores whose other SMT siblings a placement pinned: (cpu, owner)
+        # pairs of those siblings. They sit at the end of free_groups, after the whole cores.
+        self.shared: dict = {}
         self._index_gpus(gpu_topology)
 
     def _check_reserved(self, nodes: list) -> None:
@@ -483,6 +493,85 @@ class _Planner:
                 f"{'GPU ' + listed[0].address if listed else 'the MIG-enabled GPUs'} "
                 f"(offered: {', '.join(offered)}); pick one of those",
             )
+        self._check_mig_mps(p, candidates)
+
+    def _check_mps_room(self, p, gpu: _Gpu) -> None:
+        """Refuse an MPS client whose pinned_memory_limit does not fit the listed GPU's memory."""
+        pinned = p.mps.pinned_memory_limit_kb
+        if gpu.mps_room(pinned):
+            return
+        total = gpu.memory_mib * 1024
+        left = max(total - gpu.mps_pinned_kb, 0)
+        if gpu.mps_pinned_kb:
+            already = (
+                f"its MPS clients {', '.join(gpu.mps_clients)} already pinned "
+                f"{format_kb(gpu.mps_pinned_kb)}, {format_kb(left)} is left"
+            )
+        else:
+            already = "no other MPS client pinned any of it"
+        lower = (
+            f"lower pinned_memory_limit to at most {_size_text(left // 1024 * 1024)}, "
+            if left >= 1024
+            else ""
+        )
+        raise PlacementError(
+            self.state.host,
+            f"{p.where}.mps.pinned_memory_limit: {format_kb(pinned)} does not fit GPU "
+            f"{gpu.address}: it has {format_kb(total)} of memory and {already}; {lower}list "
+            "another GPU, or use gpus: 1 to let the planner pick a GPU with room",
+        )
+
+    def _check_mig_mps(self, p, listed: list) -> None:
+        """Refuse an MPS pinned_memory_limit above the memory of one instance of the profile."""
+        pinned = p.mps.pinned_memory_limit_kb if p.mps is not None else None
+        if not pinned:
+            return
+        sizes = [
+            g.mig_memory[p.mig_profile]
+            for g in listed or self.state.gpus
+            if g.mig_capable and p.mig_profile in g.mig_memory
+        ]
+        if not sizes or pinned <= max(sizes) * 1024:
+            return
+        memory = max(sizes) * 1024
+        raise PlacementError(
+            self.state.host,
+            f"{p.where}.mps.pinned_memory_limit: {format_kb(pinned)} is more than the "
+            f"{format_kb(memory)} of memory of one {p.mig_profile} MIG instance; lower "
+            f"pinned_memory_limit to at most {_size_text(memory)}, or pick a larger mig_profile",
+        )
+
+    def _check_mig_nodes(self, p, pinned_nodes: Optional[list]) -> bool:
+        """Whether no MIG GPU offering the profile is on the node(s) p asks for.
+
+        Refuses that (unless allow_span) like node:/cpus away from a listed GPU; True means
+        the instance is to come from a MIG GPU of another node.
+        """
+        state = self.state
+        wanted = set(pinned_nodes) if pinned_nodes is not None else {p.node}
+        offering = [g for g in state.gpus if g.mig_capable and p.mig_profile in g.mig_profiles]
+        if any(g.cpu_node is None or g.cpu_node in wanted for g in offering):
+            return False
+        if p.allow_span:
+            return True
+        gpu_nodes = sorted({g.cpu_node for g in offering})
+        where = ", ".join(f"{g.address} on node {g.node}" for g in offering)
+        theirs = f"the MIG GPU(s) offering {p.mig_profile} ({where})"
+        nodes_text = " or ".join(str(n) for n in gpu_nodes)
+        if pinned_nodes is None:
+            raise PlacementError(
+                state.host,
+                f"{p.where}.node: node {p.node} is not the node of {theirs}; drop node: (the "
+                f"CPUs follow the GPUs), enable MIG on a GPU of node {p.node}, or set "
+                f"allow_span: true to run the CPUs on node {p.node} anyway",
+            )
+        raise PlacementError(
+            state.host,
+            f"{p.where}.cpus: CPUs {format_cpulist(p.cpu_list)} are on node "
+            f"{', '.join(str(n) for n in pinned_nodes)}, but {theirs} are on node "
+            f"{nodes_text}; pin CPUs of node {nodes_text}, use a count of cpus, or set "
+            "allow_span: true to keep the CPUs away from the GPU",
+        )
 
     def _check_hugepages(self, p) -> None:
         state = self.state
@@ -598,17 +687,23 @@ class _Planner:
 
     # -- fitting ---------------------------------------------------------------------------
 
-    def _gpu_pick(self, p, nid: int, listed: list, fallback: bool):
-        """GPUs (and MIG slot) for placement p with CPUs on node nid; None if none fit."""
+    def _gpu_pick(self, p, nid: int, listed: list, fallback: bool, far: bool = False):
+        """GPUs (and MIG slot) for placement p with CPUs on node nid; None if none fit.
+
+        far: MIG GPUs of any node, nearest to nid first (allow_span with node: or pinned cpus).
+        """
         state = self.state
         if p.mig_profile is not None:
             pool = listed or [
                 g
                 for g in state.gpus
                 if g.mig_capable
-                and (g.cpu_node == nid or (fallback and g.cpu_node is None))
+                and (far or g.cpu_node == nid or (fallback and g.cpu_node is None))
                 and p.mig_profile in g.mig_profiles
             ]
+            if far and not listed:
+                row = state.dist[nid]
+                pool.sort(key=lambda g: (g.cpu_node is None, row.get(g.cpu_node, 255), g.address))
             for gpu in pool:
                 pick = gpu.mig_pick(p.mig_profile)
                 if pick is not None:
@@ -644,7 +739,9 @@ class _Planner:
         chosen = _choose_gpus(known, min(len(known), p.gpu_count)) or []
         return chosen + state.free_unknown[: p.gpu_count - len(chosen)], None
 
-    def _fit_node(self, p, nid: int, listed: list, fallback: bool) -> Optional[tuple]:
+    def _fit_node(
+        self, p, nid: int, listed: list, fallback: bool, far: bool = False
+    ) -> Optional[tuple]:
         """(rank, node, groups taken, (gpus, mig), memory node) of p on node nid, or None."""
         state = self.state
         if p.cpu_list is None:
@@ -654,7 +751,7 @@ class _Planner:
         else:
             taken = 0
         if p.gpu_count or p.mig_profile is not None or listed:
-            picked = self._gpu_pick(p, nid, listed, fallback)
+            picked = self._gpu_pick(p, nid, listed, fallback, far)
             if picked is None:
                 return None
         else:
@@ -670,17 +767,22 @@ class _Planner:
             return None
         free_whole = len(state.free_whole.get(nid, ()))
         cores_left = len(state.free_groups[nid]) - taken
-        if picked[0]:
+        gpus = picked[0]
+        if gpus:
             whole_left = free_whole - sum(
-                1 for g in picked[0] if g.use is None and g.cpu_node == nid and not g.mig_capable
+                1 for g in gpus if g.use is None and g.cpu_node == nid and not g.mig_capable
             )
-            return ((whole_left, cores_left, nid), nid, taken, picked, mem)
-        return ((free_whole, cores_left, nid), nid, taken, picked, mem)
+            # PCIe switches the GPUs span first (locality), then fragmentation, then cores.
+            switches = len({g.switch or g.address for g in gpus}) if len(gpus) > 1 else 1
+            return ((switches, whole_left, cores_left, nid), nid, taken, picked, mem)
+        return ((0, free_whole, cores_left, nid), nid, taken, picked, mem)
 
-    def _single(self, p, nodes: list, listed: list, fallback: bool) -> Optional[_Fit]:
+    def _single(
+        self, p, nodes: list, listed: list, fallback: bool, far: bool = False
+    ) -> Optional[_Fit]:
         best = None
         for nid in nodes:
-            found = self._fit_node(p, nid, listed, fallback)
+            found = self._fit_node(p, nid, listed, fallback, far)
             if found is not None and (best is None or found[0] < best[0]):
                 best = found
         if best is None:
@@ -788,6 +890,23 @@ class _Planner:
                     f"No MIG profile has a free slot left on {where}; free a slot or remove "
                     "another placement."
                 )
+            if p.mps is not None:
+                owners = sorted(
+                    {
+                        slot[4]
+                        for g in listed or state.gpus
+                        if g.mig_capable
+                        for slot in g.slots
+                        if slot[2] == p.mig_profile and slot[4] is not None
+                    }
+                )
+                if owners:
+                    fix = (
+                        f"Sharing one MIG instance between placements is not supported (each MIG "
+                        f"placement gets its own instance; the {p.mig_profile} instances are "
+                        f"taken by {', '.join(owners)}): to share one, make it a single "
+                        f"placement. {fix}"
+                    )
         elif listed:
             need = (
                 f"needs {_count(p.cpu_count, 'CPU')} and {format_kb(p.memory_kb + hp_kb)} memory next to "
@@ -830,6 +949,8 @@ class _Planner:
         listed = self._listed_gpus(p)
         if p.mig_profile is not None:
             self._check_mig(p, listed)
+        elif listed and p.mps is not None and p.mps.pinned_memory_limit_kb:
+            self._check_mps_room(p, listed[0])
         if p.hugepages is not None:
             self._check_hugepages(p)
         if p.node is not None:
@@ -837,6 +958,9 @@ class _Planner:
         pinned_nodes = self._explicit_cpus(p, warnings) if p.cpu_list is not None else None
         if listed and not p.allow_span:
             self._check_gpu_nodes(p, listed, pinned_nodes)
+        mig_away = False
+        if p.mig_profile is not None and not listed and (p.node is not None or pinned_nodes):
+            mig_away = self._check_mig_nodes(p, pinned_nodes)
         if pinned_nodes is not None:
             nodes = pinned_nodes[:1]
         elif p.node is not None:
@@ -849,6 +973,8 @@ class _Planner:
         needs_gpu = bool(p.gpu_count or p.mig_profile)
         if fit is None and needs_gpu and not listed:
             fit = self._single(p, nodes, listed, True)
+        if fit is None and mig_away:  # allow_span: a MIG GPU of another node, nearest first
+            fit = self._single(p, nodes, listed, True, True)
         if fit is None and p.allow_span and pinned_nodes is None:
             fit = self._span(p, nodes, listed)
             if fit is not None:
@@ -875,13 +1001,23 @@ class _Planner:
             pinned = set(cpus)
             for cpu in cpus:
                 state.planned_cpus.setdefault(state.cpu_node[cpu], []).append(cpu)
+            shared = state.shared
             for nid in {state.cpu_node[c] for c in cpus}:
                 if nid in state.free_groups:
-                    groups = []
+                    groups, partial = [], []
                     for group in state.free_groups[nid]:
                         rest = tuple(c for c in group if c not in pinned)
-                        if rest:
+                        if not rest:
+                            shared.pop(group, None)
+                        elif len(rest) < len(group):
+                            owners = tuple((c, p.name) for c in group if c in pinned)
+                            shared[rest] = shared.pop(group, ()) + owners
+                            partial.append(rest)
+                        elif group in shared:
+                            partial.append(rest)
+                        else:
                             groups.append(rest)
+                    groups.extend(partial)  # whole cores first: counts take them before these
                     state.free_groups[nid] = groups
                     state.free_cpus[nid] = sum(len(g) for g in groups)
         else:
@@ -892,6 +1028,8 @@ class _Planner:
                     before = len(cpus)
                     for group in state.free_groups[nid][:taken]:
                         cpus.extend(group)
+                        if state.shared and group in state.shared:
+                            self._shared_core(group, state.shared.pop(group), warnings)
                     del state.free_groups[nid][:taken]
                     state.free_cpus[nid] -= len(cpus) - before
                     state.planned_cpus.setdefault(nid, []).extend(cpus[before:])
@@ -1058,6 +1196,19 @@ class _Planner:
             gpus_out = [gpus_out[i] for i in order]
             devices = [devices[i] for i in order]
         return gpus_out, devices, mps_out
+
+    @staticmethod
+    def _shared_core(group: tuple, owners: tuple, warnings: list) -> None:
+        """Warn that a count placement got CPUs whose SMT siblings another placement pinned."""
+        names = sorted({name for dummy, name in owners})
+        siblings = format_cpulist([cpu for cpu, dummy in owners])
+        warnings.append(
+            f"{_count(len(group), 'CPU', False)} {format_cpulist(group)} "
+            f"{'shares' if len(group) == 1 else 'share'} a core with "
+            f"{_count(len(owners), 'CPU', False)} {siblings} of "
+            f"{', '.join(names)} (SMT siblings): no whole free core was left for it; pin CPUs "
+            "with cpus: to choose others"
+        )
 
     def _take_whole(self, gpu: _Gpu) -> None:
         state = self.state

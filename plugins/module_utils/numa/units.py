@@ -498,6 +498,8 @@ class Actions:
     disable: tuple
     restart: tuple
     start: tuple
+    # Units pinned by a drop-in: restarted only if running (try-restart), never started here.
+    try_restart: tuple = ()
 
     def would_run(self) -> list[str]:
         """The systemctl command lines, in the order they are to run."""
@@ -505,6 +507,7 @@ class Actions:
         if self.reload_needed:
             lines.append("systemctl daemon-reload")
         lines.extend(f"systemctl restart {unit}" for unit in self.restart)
+        lines.extend(f"systemctl try-restart {unit}" for unit in self.try_restart)
         lines.extend(f"systemctl enable --now {unit}" for unit in self.start)
         return lines
 
@@ -513,10 +516,14 @@ _UNIT_STATE = {"create": "new", "update": "changed", "remove": "removed", "uncha
 
 
 def plan_actions(changes: list[FileChange]) -> Actions:
-    """Units and slices by state, and the services to disable, restart and start; no I/O."""
+    """Units and slices by state, and the services to disable, (try-)restart and start; no I/O.
+
+    numafleet-*.service units are restarted; units pinned by a drop-in are only try-restarted
+    (restarted if running), so that a vendor service that was stopped stays stopped.
+    """
     units: dict = {state: [] for state in ("new", "changed", "removed", "unchanged")}
     slices: dict = {state: [] for state in ("new", "changed", "removed", "unchanged")}
-    disable, restart, start = [], [], []
+    disable, restart, start, try_restart = [], [], [], []
     for change in changes:
         unit, state = unit_of(change.path), _UNIT_STATE[change.state]
         if unit.endswith(".slice"):
@@ -525,7 +532,7 @@ def plan_actions(changes: list[FileChange]) -> Actions:
         units[state].append(unit)
         if is_dropin(change.path):
             if state != "unchanged":
-                restart.append(unit)  # the user's unit: never enabled or disabled here
+                try_restart.append(unit)  # the user's unit: never enabled, disabled or started
         elif state == "new":
             start.append(unit)
         elif state == "changed":
@@ -539,6 +546,7 @@ def plan_actions(changes: list[FileChange]) -> Actions:
         disable=tuple(sorted(disable)),
         restart=tuple(sorted(restart)),
         start=tuple(sorted(start)),
+        try_restart=tuple(sorted(try_restart)),
     )
 
 

@@ -19,7 +19,9 @@ Rules (DESIGN.md §5):
 - ``hugepages_total`` (per node with a planned or reserved pool): the reserved total (not the free
   count) of each page size equals the plan's; a reserved pool of a size the plan does not use warns.
 - ``rendered_units`` (static, per unit, also in render mode): the files on disk equal what
-  ``units.render_files(plan)`` renders.
+  ``units.render_files(plan)`` renders. From pinned_units' check-mode ``files`` list
+  (``rendered_unit_checks``), a file whose state is not ``unchanged`` fails its unit (the manifest
+  its own subject, ``manifest``).
 
 In render mode nothing runs: every runtime check is skipped with the reason "render mode: nothing
 runs"; the static check still runs.
@@ -51,7 +53,7 @@ from typing import Any, Optional
 
 from .cpulist import format_cpulist
 from .errors import NumaTuneError, VerifyError
-from .units import render_files, unit_of
+from .units import DEFAULT_MANIFEST_PATH, render_files, unit_of
 
 SCHEMA = "numafleet.verify/1"
 STATUSES = ("pass", "fail", "warn", "skipped")
@@ -275,6 +277,89 @@ def _check_rendered(out: _Checks, plan: dict, current: dict, render_options: dic
                 "file",
                 f"{len(states)} file(s) match the plan",
             )
+
+
+# pinned_units' check-mode state of a file -> what it says about the file on disk.
+_UNIT_STATES = {
+    "unchanged": "matches",
+    "create": "missing",
+    "update": "differs",
+    "remove": "not planned",
+}
+
+
+def rendered_unit_checks(
+    host: str, states, manifest_path: str = DEFAULT_MANIFEST_PATH
+) -> list[Check]:
+    """``rendered_units`` checks from pinned_units' check-mode ``files`` ([{path, state}]).
+
+    One check per unit (drop-ins count for their unit), plus ``manifest`` for ``manifest_path``:
+    it passes when every file is ``unchanged`` and fails naming each file that would be created,
+    updated or removed. No files at all (nothing planned, nothing on disk) is one passing check of
+    subject ``units``. Raises VerifyError for entries of the wrong shape or an unknown state.
+    """
+    if not isinstance(states, (list, tuple)):
+        raise VerifyError(
+            f"host {host}: unit_states is {type(states).__name__}, not a list; pass the files "
+            "list that numafleet.tuning.pinned_units returns in check mode"
+        )
+    by_subject: dict = {}
+    for entry in states:
+        if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
+            raise VerifyError(
+                f"host {host}: unit_states entry {entry!r} is not a mapping with a path; pass the "
+                "files list that numafleet.tuning.pinned_units returns in check mode"
+            )
+        state = entry.get("state")
+        if state not in _UNIT_STATES:
+            raise VerifyError(
+                f"host {host}: unit_states entry {entry['path']} has state {state!r}; a state is "
+                f"one of {', '.join(_UNIT_STATES)}"
+            )
+        path = entry["path"]
+        subject = "manifest" if path == manifest_path else unit_of(path)
+        by_subject.setdefault(subject, {})[path] = _UNIT_STATES[state]
+    out = _Checks(host)
+    if not by_subject:
+        out.add(
+            "rendered_units",
+            "units",
+            "pass",
+            {},
+            "matches",
+            "file",
+            "no units planned, none on disk",
+        )
+        return out.out
+    for subject in sorted(by_subject):
+        files = dict(sorted(by_subject[subject].items()))
+        bad = {path: state for path, state in files.items() if state != "matches"}
+        if not bad:
+            out.add(
+                "rendered_units",
+                subject,
+                "pass",
+                files,
+                "matches",
+                "file",
+                f"{len(files)} file(s) match the plan",
+            )
+            continue
+        problems = [
+            f"{path} {'differs from the plan' if state == 'differs' else 'is ' + state}"
+            for path, state in bad.items()
+        ]
+        out.add(
+            "rendered_units",
+            subject,
+            "fail",
+            files,
+            "matches",
+            "file",
+            "; ".join(problems) + "; run site.yml to write the plan's units",
+            f"{len(bad)} of {len(files)} file(s) {'/'.join(sorted(set(bad.values())))}",
+        )
+    return out.out
 
 
 def _find_service(services: list, placement: dict) -> Optional[dict]:
@@ -581,6 +666,7 @@ def evaluate(
     render_mode: bool = False,
     current_files: Optional[dict] = None,
     render_options: Optional[dict] = None,
+    unit_states: Optional[list] = None,
 ) -> list[Check]:
     """The checks of one host; raises VerifyError for bad thresholds or inputs of the wrong shape.
 
@@ -588,11 +674,15 @@ def evaluate(
     ``current_files`` is {host path: text or None when absent} of the rendered files (as
     ``units.read_files`` returns them); None skips ``rendered_units``. ``render_options`` are the
     keyword arguments of ``units.render_files`` (header, hardening_default, unit_dir).
+    ``unit_states`` is pinned_units' check-mode ``files`` list; when given it decides
+    ``rendered_units`` (``rendered_unit_checks``) instead of ``current_files``.
     """
     limits = parse_thresholds(thresholds)
     plan = _mapping(plan, "plan", host)
     out = _Checks(host)
-    if current_files is None:
+    if unit_states is not None:
+        out.out.extend(rendered_unit_checks(host, unit_states))
+    elif current_files is None:
         out.skip("rendered_units", "units", "no rendered files given", "matches", "file")
     else:
         _check_rendered(

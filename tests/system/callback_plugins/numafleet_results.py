@@ -43,6 +43,7 @@ KEEP = (
     "units",
     "reload_needed",
     "handler_restart",
+    "handler_try_restart",
     "handler_start",
     "warnings",
 )

@@ -130,11 +130,12 @@ def test_check_mode_writes_nothing(run_module, scratch, systemctl):
     assert result["reload_needed"] is True
     assert result["would_run"] == [
         "systemctl daemon-reload",
-        "systemctl restart vllm.service",
+        "systemctl try-restart vllm.service",
         "systemctl enable --now numafleet-a.service",
         "systemctl enable --now numafleet-b.service",
     ]
     assert result["ran"] == [] and result["handler_restart"] == [] and result["handler_start"] == []
+    assert result["handler_try_restart"] == []
     assert [f["state"] for f in result["files"]] == ["create"] * 5
     assert result["files"][-1]["path"] == "/etc/numafleet/manifest.json"
     diff = result["diff"]
@@ -154,7 +155,7 @@ def test_apply_then_again_is_unchanged(run_module, scratch, systemctl):
     assert (scratch / UNIT_DIR / "numafleet-team\\x2da.slice").is_file()
     assert (scratch / UNIT_DIR / "vllm.service.d" / "50-numafleet.conf").is_file()
     assert first["handler_start"] == ["numafleet-a.service"]
-    assert first["handler_restart"] == ["vllm.service"]
+    assert first["handler_restart"] == [] and first["handler_try_restart"] == ["vllm.service"]
     assert first["ran"] == [] and not systemctl.exists()  # nothing to disable
     manifest = json.loads((scratch / "etc/numafleet/manifest.json").read_text())
     assert manifest["files"] == [
@@ -173,6 +174,7 @@ def test_apply_then_again_is_unchanged(run_module, scratch, systemctl):
     assert again["failed"] is False and again["changed"] is False
     assert again["diff"] == [] and again["reload_needed"] is False and again["would_run"] == []
     assert again["handler_start"] == [] and again["handler_restart"] == []
+    assert again["handler_try_restart"] == []
     assert {f["state"] for f in again["files"]} == {"unchanged"}
     assert again["units"]["unchanged"] == ["numafleet-a.service", "vllm.service"]
     assert tree_hash(scratch) == before
@@ -194,6 +196,7 @@ def test_a_change_is_an_update_and_a_restart(run_module, scratch, systemctl):
     assert "CPUAffinity=2-3" in changed[0]["before"] and "CPUAffinity=4-5" in changed[0]["after"]
     applied = run_module("pinned_units", args(scratch, plan, service_manager="systemd"))
     assert applied["handler_restart"] == ["numafleet-a.service"] and applied["handler_start"] == []
+    assert applied["handler_try_restart"] == []
     assert "CPUAffinity=4-5" in (scratch / UNIT_DIR / "numafleet-a.service").read_text()
 
 
@@ -208,8 +211,13 @@ def test_removal_disables_and_removes_only_owned_files(run_module, scratch, syst
     assert result["units"]["removed"] == ["numafleet-b.service", "vllm.service"]
     assert result["ran"] == ["systemctl disable --now numafleet-b.service"]
     assert systemctl.read_text().splitlines() == ["disable --now numafleet-b.service"]
-    assert result["handler_restart"] == ["vllm.service"]
-    assert result["would_run"][0] == "systemctl disable --now numafleet-b.service"
+    # the vendor unit whose drop-in went is only restarted if it runs: never started
+    assert result["handler_restart"] == [] and result["handler_try_restart"] == ["vllm.service"]
+    assert result["would_run"] == [
+        "systemctl disable --now numafleet-b.service",
+        "systemctl daemon-reload",
+        "systemctl try-restart vllm.service",
+    ]
     assert not (scratch / UNIT_DIR / "numafleet-b.service").exists()
     assert not (scratch / UNIT_DIR / "vllm.service.d" / "50-numafleet.conf").exists()
     assert foreign_dropin.read_text() == "[Service]\nNice=5\n"

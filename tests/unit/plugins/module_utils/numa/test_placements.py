@@ -258,6 +258,26 @@ BAD_PLACEMENTS = [
         "this placement exec: and let the collection write its unit",
     ),
     (
+        "hardening with unit",
+        placement(exec=None, unit="x.service", hardening=True),
+        f"{P0}: hardening only applies to exec placements (hardening with unit:); a drop-in "
+        "does not change the sandboxing settings of x.service: remove hardening, or change "
+        "x.service itself",
+    ),
+    (
+        "description with unit",
+        placement(exec=None, unit="x.service", description="X"),
+        f"{P0}: description only applies to exec placements (description with unit:); a "
+        "drop-in does not change Description= of x.service: remove description, or change "
+        "x.service itself",
+    ),
+    (
+        "template unit",
+        placement(exec=None, unit="vllm@.service"),
+        f"{P0}.unit: vllm@.service is a template, not a unit that runs; pin an instance such "
+        "as vllm@1.service",
+    ),
+    (
         "name is a number",
         placement(name=123),
         'numafleet_placements[0].name: 123 is a number, not a string; quote it in YAML (name: "123")',
@@ -456,6 +476,17 @@ BAD_PLACEMENTS = [
         placement(gpus=1, mps={"pinned_memory_limit": 8}),
         f"{P0}.mps.pinned_memory_limit: 8 is 8 bytes; write 8G or 8M",
     ),
+    (
+        "mps pinned memory zero",
+        placement(gpus=1, mps={"pinned_memory_limit": 0}),
+        f"{P0}.mps.pinned_memory_limit: 0 pins no device memory at all; write a size such as "
+        "8G, or omit pinned_memory_limit for no limit",
+    ),
+    (
+        "mps pinned memory zero with a unit",
+        placement(gpus=1, mps={"pinned_memory_limit": "0G"}),
+        f"{P0}.mps.pinned_memory_limit: '0G' pins no device memory at all",
+    ),
     ("mps not a mapping", placement(gpus=1, mps="yes"), f"{P0}.mps: write a mapping"),
     ("mps without a GPU", placement(mps={}), f"{P0}.mps: an MPS client uses one GPU here"),
     ("mps with two GPUs", placement(gpus=2, mps={}), "this placement asks for 2; set gpus: 1"),
@@ -473,6 +504,12 @@ def test_bad_placements_are_refused_with_their_own_message(case, entry, message)
     text = str(err.value)
     assert text.startswith("host gpu-a100-01: numafleet_placements[0]"), text
     assert message in text, f"{case}: {text}"
+
+
+def test_hardening_false_with_unit_is_refused_too():
+    with pytest.raises(PlacementError, match=r"hardening only applies to exec placements"):
+        parse(placement(exec=None, unit="x.service", hardening=False))
+    assert parse(placement(exec=None, unit="x@1.service"))[0].unit == "x@1.service"
 
 
 def test_messages_are_distinct():
@@ -549,6 +586,16 @@ def test_errors_are_plan_errors_and_numatune_errors():
             [{"name": 7}],
             "host h: numafleet_tenants[0].name: 7 is a number, not a string; quote it in YAML "
             '(name: "7")',
+        ),
+        (
+            [{"name": "a", "memory_max": 0}],
+            "host h: numafleet_tenants[0] (a).memory_max: 0 would leave the tenant's slice no "
+            "memory at all; write a size such as 64G, or infinity (or omit memory_max) for no "
+            "limit",
+        ),
+        (
+            [{"name": "a", "memory_max": "0G"}],
+            "host h: numafleet_tenants[0] (a).memory_max: '0G' would leave the tenant's slice no",
         ),
         (
             [{"name": "a", "memory_max": 100}],

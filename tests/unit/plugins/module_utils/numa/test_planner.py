@@ -642,7 +642,7 @@ def test_tenant_memory_max_must_hold_its_placements(machine_facts):
 
 
 def test_unit_placements_are_dropins(machine_facts):
-    result = plan(machine_facts, A100, [p("vllm", exec=None, unit="vllm.service", hardening=True)])
+    result = plan(machine_facts, A100, [p("vllm", exec=None, unit="vllm.service")])
     (entry,) = result["placements"]
     assert (entry["unit"], entry["unit_kind"], entry["exec"], entry["argv"]) == (
         "vllm.service",
@@ -650,7 +650,7 @@ def test_unit_placements_are_dropins(machine_facts):
         None,
         [],
     )
-    assert entry["hardening"] is True
+    assert entry["hardening"] is None
 
 
 def test_plan_shape_and_summary(machine_facts):
@@ -1012,3 +1012,124 @@ def test_amd_gpus_have_no_cuda_visible_devices_and_warn(machine_facts):
 def test_no_numa_facts_is_an_error():
     with pytest.raises(PlanError, match="host h: no NUMA facts"):
         plan_host("h", {}, None, [], [], POLICY)
+
+
+# ---------------------------------------------------------------------------------------------
+# Second break test: MPS memory, MIG locality, MIG + MPS
+
+
+def test_mps_pinned_memory_over_a_listed_gpu_names_the_gpu_and_its_clients(machine_facts):
+    limit = {"pinned_memory_limit": "40G"}
+    placements = [p(f"r{i}", gpus=["31:00.0"], mps=limit, cpus=2) for i in range(3)]
+    with pytest.raises(PlacementError) as err:
+        plan(machine_facts, A100, placements)
+    assert str(err.value) == (
+        "host h: numafleet_placements[2] (r2).mps.pinned_memory_limit: 40 GiB does not fit GPU "
+        "0000:31:00.0: it has 80 GiB of memory and its MPS clients r0, r1 already pinned 80 GiB, "
+        "0 KiB is left; list another GPU, or use gpus: 1 to let the planner pick a GPU with room"
+    )
+    with pytest.raises(PlacementError) as err:
+        plan(machine_facts, A100, [p("big", gpus=["31:00.0"], mps={"pinned_memory_limit": "100G"})])
+    assert str(err.value) == (
+        "host h: numafleet_placements[0] (big).mps.pinned_memory_limit: 100 GiB does not fit GPU "
+        "0000:31:00.0: it has 80 GiB of memory and no other MPS client pinned any of it; lower "
+        "pinned_memory_limit to at most 80G, list another GPU, or use gpus: 1 to let the planner "
+        "pick a GPU with room"
+    )
+    placements[2] = p("r2", gpus=["31:00.0"], mps={"pinned_memory_limit": "60G"}, cpus=2)
+    placements[1] = p("r1", gpus=["31:00.0"], mps={"pinned_memory_limit": "10G"}, cpus=2)
+    with pytest.raises(
+        PlacementError,
+        match=r"already pinned 50 GiB, 30 GiB is left; lower "
+        r"pinned_memory_limit to at most 30G, list another GPU",
+    ):
+        plan(machine_facts, A100, placements)
+    placements[2] = p("r2", gpus=["31:00.0"], mps={"pinned_memory_limit": "30G"}, cpus=2)
+    assert len(plan(machine_facts, A100, placements)["placements"]) == 3  # exactly full
+
+
+def test_mig_away_from_the_mig_gpus_node_is_refused_like_whole_gpus(machine_facts):
+    # the only MIG GPU, 0000:17:00.0, is on node 0
+    with pytest.raises(PlacementError) as err:
+        plan(machine_facts, A100, [p("m", mig_profile="2g.20gb", node=1, cpus=2)])
+    assert str(err.value) == (
+        "host h: numafleet_placements[0] (m).node: node 1 is not the node of the MIG GPU(s) "
+        "offering 2g.20gb (0000:17:00.0 on node 0); drop node: (the CPUs follow the GPUs), "
+        "enable MIG on a GPU of node 1, or set allow_span: true to run the CPUs on node 1 anyway"
+    )
+    with pytest.raises(PlacementError) as err:
+        plan(machine_facts, A100, [p("m", mig_profile="2g.20gb", cpus="32-33")])
+    assert str(err.value) == (
+        "host h: numafleet_placements[0] (m).cpus: CPUs 32-33 are on node 1, but the MIG GPU(s) "
+        "offering 2g.20gb (0000:17:00.0 on node 0) are on node 0; pin CPUs of node 0, use a "
+        "count of cpus, or set allow_span: true to keep the CPUs away from the GPU"
+    )
+
+
+@pytest.mark.parametrize("where", [{"node": 1, "cpus": 2}, {"cpus": "32-33"}])
+def test_mig_away_from_its_gpu_with_allow_span_runs_the_cpus_there(machine_facts, where):
+    result = plan(machine_facts, A100, [p("m", mig_profile="2g.20gb", allow_span=True, **where)])
+    (entry,) = result["placements"]
+    assert entry["node"] == 1 and entry["cpus"] in ([32, 33], [32, 96])
+    assert addresses(entry) == ["0000:17:00.0"]
+    assert entry["gpus"][0]["mig"]["placement_start"] == 0
+    assert any("GPU 0000:17:00.0 is on node 0, not next to" in w for w in entry["warnings"])
+
+
+def test_mig_mps_pinned_memory_must_fit_one_instance(machine_facts):
+    mps = {"pinned_memory_limit": "30G"}
+    with pytest.raises(PlacementError) as err:
+        plan(machine_facts, A100, [p("m", mig_profile="2g.20gb", mps=mps)])
+    assert str(err.value) == (
+        "host h: numafleet_placements[0] (m).mps.pinned_memory_limit: 30 GiB is more than the "
+        "19.5 GiB of memory of one 2g.20gb MIG instance; lower pinned_memory_limit to at most "
+        "19968M, or pick a larger mig_profile"
+    )
+    mps = {"pinned_memory_limit": "19968M"}
+    (entry,) = plan(machine_facts, A100, [p("m", mig_profile="2g.20gb", mps=mps)])["placements"]
+    assert entry["environment"]["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=19968M"
+
+
+def test_two_mps_placements_cannot_share_one_mig_instance(machine_facts):
+    placements = [p(f"m{i}", mig_profile="3g.40gb", mps={}, cpus=2) for i in range(2)]
+    with pytest.raises(PlanError) as err:
+        plan(machine_facts, A100, placements)
+    text = str(err.value)
+    assert text.startswith("host h: numafleet_placements[1] (m1) needs a free 3g.40gb MIG slot")
+    assert (
+        ". Sharing one MIG instance between placements is not supported (each MIG placement "
+        "gets its own instance; the 3g.40gb instances are taken by m0): to share one, make it a "
+        "single placement. " in text
+    )
+
+
+def test_counts_take_whole_free_cores_before_siblings_of_pinned_cpus(machine_facts):
+    result = plan(machine_facts, A100, [p("p1", cpus="1-1"), p("p2", cpus=3, node=0)])
+    p1, p2 = result["placements"]
+    assert p1["cpus"] == [1]
+    # CPU 65 is the sibling of p1's CPU 1: whole cores 0/64 and 2/66 come first
+    assert p2["cpus"] == [0, 2, 64, 66] and p2["warnings"] == []
+    assert result["warnings"] == []
+
+
+def test_a_count_that_gets_a_pinned_cpus_sibling_warns():
+    numa = synthetic(cpus_per_node=(8,), mem_gb=(16,))  # cores 0/4, 1/5, 2/6, 3/7
+    placements = [p("a", cpus="1-3"), p("b", cpus=3)]
+    result = plan_host("h", numa, None, placements, [], POLICY)
+    a, b = result["placements"]
+    assert b["cpus"] == [0, 4, 5]  # the whole core 0/4 first, then CPU 5 (sibling of a's 1)
+    assert b["warnings"] == [
+        "CPU 5 shares a core with CPU 1 of a (SMT siblings): no whole free core was left for "
+        "it; pin CPUs with cpus: to choose others"
+    ]
+    assert result["warnings"] == [f"placement b: {b['warnings'][0]}"]
+
+
+def test_multi_gpu_requests_prefer_one_pcie_switch_over_node_fragmentation(machine_facts):
+    singles = [
+        p(f"s{i}", gpus=[a], cpus=2) for i, a in enumerate(["18:00.0", "3a:00.0", "9a:00.0"])
+    ]
+    result = plan(machine_facts, H100, [*singles, p("pair", gpus=2)])
+    # node 0 keeps 2a:00.0 + 5d:00.0 (two switches), node 1 keeps ab, ba + db (one switch)
+    pair = by_name(result)["pair"]
+    assert (pair["node"], addresses(pair)) == (1, ["0000:ba:00.0", "0000:db:00.0"])

@@ -571,10 +571,13 @@ def test_plan_actions_and_would_run():
         "systemctl disable --now numafleet-c.service",
         "systemctl daemon-reload",
         "systemctl restart numafleet-b.service",
-        "systemctl restart old.service",
-        "systemctl restart vllm.service",
+        "systemctl try-restart old.service",
+        "systemctl try-restart vllm.service",
         "systemctl enable --now numafleet-a.service",
     ]
+    # restart (which starts a stopped unit) only for the services this collection writes
+    assert actions.restart == ("numafleet-b.service",)
+    assert actions.try_restart == ("old.service", "vllm.service")
 
 
 def test_nothing_changed_needs_no_reload():

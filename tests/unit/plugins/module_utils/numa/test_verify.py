@@ -446,6 +446,49 @@ def test_rendered_units_missing_and_differing_files():
     )
 
 
+def test_rendered_units_from_pinned_units_states():
+    """pinned_units' check-mode files list: one check per unit, drop-ins with their unit."""
+    states = [
+        {"path": "/etc/systemd/system/numafleet-embed.service", "state": "unchanged"},
+        {"path": "/etc/systemd/system/numafleet-llm.service", "state": "update"},
+        {"path": "/etc/systemd/system/old.service.d/50-numafleet.conf", "state": "remove"},
+        {"path": "/etc/systemd/system/vllm.service.d/50-numafleet.conf", "state": "create"},
+        {"path": "/etc/numafleet/manifest.json", "state": "update"},
+    ]
+    plan = make_plan(placement())
+    checks = verify.evaluate(HOST, plan, None, render_mode=True, unit_states=states)
+    rendered = [c for c in checks if c.check == "rendered_units"]
+    assert [(c.subject, c.status) for c in rendered] == [
+        ("manifest", "fail"),
+        ("numafleet-embed.service", "pass"),
+        ("numafleet-llm.service", "fail"),
+        ("old.service", "fail"),
+        ("vllm.service", "fail"),
+    ]
+    llm = pick(checks, "rendered_units", "numafleet-llm.service")
+    assert llm.measured == {"/etc/systemd/system/numafleet-llm.service": "differs"}
+    assert "/etc/systemd/system/numafleet-llm.service differs from the plan" in llm.message
+    assert "is not planned" in pick(checks, "rendered_units", "old.service").message
+    assert "is missing" in pick(checks, "rendered_units", "vllm.service").message
+    # unit_states wins over current_files; runtime checks are still skipped in render mode.
+    both = verify.evaluate(
+        HOST, plan, None, render_mode=True, current_files={}, unit_states=states[:1]
+    )
+    assert pick(both, "rendered_units").status == "pass"
+    assert all(c.status == "skipped" for c in both if c.check != "rendered_units")
+
+
+def test_rendered_units_from_no_states_passes_and_bad_states_raise():
+    (check,) = verify.rendered_unit_checks(HOST, [])
+    assert (check.subject, check.status) == ("units", "pass")
+    with pytest.raises(VerifyError, match="state 'gone'; a state is one of"):
+        verify.rendered_unit_checks(HOST, [{"path": "/etc/x.service", "state": "gone"}])
+    with pytest.raises(VerifyError, match="not a mapping with a path"):
+        verify.rendered_unit_checks(HOST, ["/etc/x.service"])
+    with pytest.raises(VerifyError, match="unit_states is dict, not a list"):
+        verify.rendered_unit_checks(HOST, {})
+
+
 def test_rendered_units_without_files_is_skipped_and_bad_plan_fails():
     checks = verify.evaluate(HOST, make_plan(), measure())
     assert pick(checks, "rendered_units").status == "skipped"

@@ -1,0 +1,142 @@
+# Copyright: numafleet.tuning contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Controller side of numafleet.tuning.verify_report: the checks of every play host -> report files.
+
+Runs once for the play (run_once) and writes only on the controller: verify.json, verify.junit.xml
+and verify.prom in report_dir, each atomically. Documentation: ``plugins/modules/verify_report.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from datetime import datetime, timezone
+
+from ansible.errors import AnsibleError
+
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import verify
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import NumaTuneError
+from ansible_collections.numafleet.tuning.plugins.plugin_utils._controller import (
+    ControllerAction,
+    plain,
+)
+
+ARGUMENT_SPEC = dict(
+    report_dir=dict(type="path", required=True),
+    result_var=dict(type="str", required=True),
+    hosts=dict(type="list", elements="str"),
+    run=dict(type="dict", default={}),
+)
+FILES = {"json": "verify.json", "junit": "verify.junit.xml", "prometheus": "verify.prom"}
+
+
+def not_verified(host: str, result) -> dict:
+    """The one check of a host whose numa_verify produced no checks (failed earlier, unreachable)."""
+    why = result.get("msg") if isinstance(result, dict) else None
+    message = (
+        f"verify did not run on this host: {why}"
+        if why
+        else "verify did not run on this host: an earlier task failed or the host was unreachable "
+        "(see the play output)"
+    )
+    return {
+        "host": host,
+        "check": "verified",
+        "subject": "host",
+        "status": "fail",
+        "measured": False,
+        "target": True,
+        "unit": "bool",
+        "message": message,
+        "detail": "not verified",
+    }
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same directory, then rename."""
+    folder = os.path.dirname(path)
+    handle, temp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=folder)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.chmod(temp, 0o644)
+        os.replace(temp, path)
+    except BaseException:
+        if os.path.exists(temp):
+            os.unlink(temp)
+        raise
+
+
+class ActionModule(ControllerAction):
+    """Gather the verify checks of the play's hosts and write the reports on the controller."""
+
+    NAME = "numafleet.tuning.verify_report"
+    ARGUMENT_SPEC = ARGUMENT_SPEC
+
+    def run(self, tmp=None, task_vars=None):
+        task_vars = task_vars or {}
+        result, dummy, args = self.start(tmp, task_vars)
+
+        hosts = args["hosts"]
+        if hosts is None:
+            hosts = task_vars.get("ansible_play_hosts_all") or []
+        hostvars = task_vars.get("hostvars") or {}
+        name = args["result_var"]
+        checks, measured, missing = [], {}, []
+        for host in sorted(str(h) for h in hosts):
+            try:
+                found = plain(hostvars[host].get(name)) if host in hostvars else None
+            except AnsibleError:  # an undefined or broken registered value: not verified
+                found = None
+            if isinstance(found, dict) and isinstance(found.get("checks"), list):
+                checks.extend(found["checks"])
+                if isinstance(found.get("measured"), dict):
+                    measured[host] = found["measured"]
+            else:
+                missing.append(host)
+                checks.append(not_verified(host, found))
+
+        folder = os.path.abspath(args["report_dir"])
+        run = dict(plain(args["run"]) or {})
+        run.setdefault("generated_at", datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+        try:
+            report = verify.as_json_report(run, checks)
+            texts = {
+                "json": json.dumps(report, indent=2, sort_keys=True) + "\n",
+                "junit": verify.as_junit_xml(checks, run),
+                "prometheus": verify.as_prometheus_text(checks, measured, run),
+            }
+        except NumaTuneError as exc:
+            result.update(failed=True, msg=f"numafleet.tuning.verify_report: {exc}")
+            return result
+        paths = {key: os.path.join(folder, FILES[key]) for key in FILES}
+        try:
+            os.makedirs(folder, exist_ok=True)
+            for key, path in paths.items():
+                write_atomic(path, texts[key])
+        except OSError as exc:
+            result.update(
+                failed=True,
+                msg=(
+                    f"numafleet.tuning.verify_report: cannot write the report in {folder} on the "
+                    f"controller: {exc}; set numafleet_report_dir to a writable directory"
+                ),
+            )
+            return result
+
+        result.update(
+            changed=False,
+            files=paths,
+            status=report["status"],
+            hosts_by_status=report["totals"]["hosts_by_status"],
+            not_verified=missing,
+            summary=(
+                f"verify report of {report['totals']['hosts']} host(s), status {report['status']}: "
+                f"{', '.join(paths[key] for key in FILES)}"
+            ),
+        )
+        return result

@@ -1,0 +1,51 @@
+# Copyright: numafleet.tuning contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Private to this collection: shared base of the controller-side action plugins.
+
+numa_plan, numa_verify and verify_report run on the controller only (no module is sent) and feed
+plain Python data to the pure core in ``module_utils/numa``.
+"""
+
+from __future__ import annotations
+
+from ansible.errors import AnsibleActionFail
+from ansible.plugins.action import ActionBase
+
+
+def plain(value):
+    """Plain dict/list/str/int copies of Ansible's tagged and lazy containers, for the pure core."""
+    if isinstance(value, dict):
+        return {plain(key): plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(item) for item in value]
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    return value
+
+
+class ControllerAction(ActionBase):
+    """An action that runs on the controller only; subclasses set NAME and ARGUMENT_SPEC."""
+
+    NAME = ""
+    ARGUMENT_SPEC: dict = {}
+    TRANSFERS_FILES = False
+    _requires_connection = False
+    _supports_check_mode = True
+    _supports_async = False
+
+    def start(self, tmp, task_vars):
+        """(result, host, validated args); a bad option fails naming the host and the action."""
+        result = super().run(tmp, task_vars)
+        host = str(self._task.args.get("host") or task_vars.get("inventory_hostname", "localhost"))
+        try:
+            dummy, args = self.validate_argument_spec(argument_spec=self.ARGUMENT_SPEC)
+        except AnsibleActionFail as exc:
+            raise AnsibleActionFail(f"host {host}: {self.NAME}: {exc.message}") from None
+        return result, host, args

@@ -1,0 +1,56 @@
+"""playbooks/verify.yml against this machine itself (no render root): the live path runs.
+
+This host has no placements, so the plan is empty and nothing is measured per service, but the
+facts, the check-mode comparison of units under /, numa_locality_info on the live /sys and /proc,
+the node checks and the report all run for real, and nothing on the host changes.
+"""
+
+from __future__ import annotations
+
+import json
+
+from junitparser import JUnitXml
+from prometheus_client.parser import text_string_to_metric_families
+from system_helpers import REPO, ansible_playbook
+
+SUMMARY_TASK = "Print the verify summary"
+
+
+def test_verify_runs_on_localhost(tmp_path, ansible_ready):
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(
+        "all:\n  hosts:\n    localhost:\n      ansible_connection: local\n"
+        "      ansible_python_interpreter: '{{ ansible_playbook_python }}'\n",
+        encoding="utf-8",
+    )
+    reports = tmp_path / "reports"
+    run = ansible_playbook(
+        REPO / "playbooks" / "verify.yml",
+        inventory,
+        "-e",
+        f"numafleet_report_dir={reports}",
+        "-e",
+        "numafleet_verify_window_s=0.5",
+    )
+    assert run.rc == 0, run.explain()
+    assert run.stats["localhost"]["changed"] == 0, run.stats
+    measure = run.one("localhost", "Measure the planned services")
+    assert not measure.get("skipped"), measure
+    summary = run.one("localhost", SUMMARY_TASK)["msg"]
+    assert summary.startswith("localhost: ") and " 0 failed" in summary, summary
+
+    report = json.loads((reports / "verify.json").read_text(encoding="utf-8"))
+    host = report["hosts"]["localhost"]
+    assert host["status"] in ("pass", "warn"), host
+    checks = {(c["check"], c["subject"]) for c in host["checks"]}
+    assert ("memory_used", "node0") in checks, checks
+    assert all(c["status"] != "skipped" for c in host["checks"]), host["checks"]
+    suites = list(JUnitXml.fromfile(str(reports / "verify.junit.xml")))
+    assert [suite.name for suite in suites] == ["localhost"]
+    families = {
+        f.name
+        for f in text_string_to_metric_families(
+            (reports / "verify.prom").read_text(encoding="utf-8")
+        )
+    }
+    assert "numafleet_node_memory_used_ratio" in families, families
