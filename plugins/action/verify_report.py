@@ -25,7 +25,8 @@ from ansible_collections.numafleet.tuning.plugins.plugin_utils._controller impor
 
 ARGUMENT_SPEC = dict(
     report_dir=dict(type="path", required=True),
-    result_var=dict(type="str", required=True),
+    result_var=dict(type="str"),
+    state=dict(type="str", choices=["present", "absent"], default="present"),
     hosts=dict(type="list", elements="str"),
     run=dict(type="dict", default={}),
 )
@@ -80,6 +81,40 @@ class ActionModule(ControllerAction):
     def run(self, tmp=None, task_vars=None):
         task_vars = task_vars or {}
         result, dummy, args = self.start(tmp, task_vars)
+        folder = os.path.abspath(args["report_dir"])
+        if not args["report_dir"].strip() or folder == os.path.abspath(os.sep):
+            result.update(
+                failed=True,
+                msg=(
+                    f"numafleet.tuning.verify_report: report_dir {args['report_dir']!r} is not a "
+                    "report directory; set numafleet_report_dir to a directory of its own on the "
+                    "controller, e.g. /var/lib/numafleet/reports"
+                ),
+            )
+            return result
+        paths = {key: os.path.join(folder, FILES[key]) for key in FILES}
+        if args["state"] == "absent":
+            # Run first: a run that fails before its report leaves no stale report behind.
+            removed = []
+            try:
+                for path in paths.values():
+                    if os.path.lexists(path):
+                        os.remove(path)
+                        removed.append(path)
+            except OSError as exc:
+                result.update(
+                    failed=True,
+                    msg=f"numafleet.tuning.verify_report: cannot remove the old report: {exc}",
+                )
+                return result
+            result.update(changed=False, removed=removed)
+            return result
+        if not args["result_var"]:
+            result.update(
+                failed=True,
+                msg="numafleet.tuning.verify_report: result_var is required with state=present",
+            )
+            return result
 
         hosts = args["hosts"]
         if hosts is None:
@@ -100,7 +135,6 @@ class ActionModule(ControllerAction):
                 missing.append(host)
                 checks.append(not_verified(host, found))
 
-        folder = os.path.abspath(args["report_dir"])
         run = dict(plain(args["run"]) or {})
         run.setdefault("generated_at", datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
         try:
@@ -113,7 +147,6 @@ class ActionModule(ControllerAction):
         except NumaTuneError as exc:
             result.update(failed=True, msg=f"numafleet.tuning.verify_report: {exc}")
             return result
-        paths = {key: os.path.join(folder, FILES[key]) for key in FILES}
         try:
             os.makedirs(folder, exist_ok=True)
             for key, path in paths.items():

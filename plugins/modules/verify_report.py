@@ -36,13 +36,21 @@ options:
   report_dir:
     description:
       - Directory on the controller that receives the three files. It is created when missing.
+        An empty string and C(/) are refused.
     type: path
     required: true
   result_var:
     description:
       - Name of the variable each host registered the result of M(numafleet.tuning.numa_verify) in.
+      - Required with O(state=present).
     type: str
-    required: true
+  state:
+    description:
+      - V(present) writes the report. V(absent) removes the three files of a previous report, which
+        C(verify.yml) does first so that a run that fails before its report leaves no stale one.
+    type: str
+    choices: [present, absent]
+    default: present
   hosts:
     description:
       - Hosts whose checks go into the report. Defaults to every host of the play
@@ -116,6 +124,12 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+removed:
+  description: Paths of the old report files removed on the controller.
+  returned: O(state=absent)
+  type: list
+  elements: str
+  sample: [/srv/numafleet/reports/verify.json]
 files:
   description: Paths of the files written on the controller.
   returned: success

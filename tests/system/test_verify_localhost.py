@@ -54,3 +54,36 @@ def test_verify_runs_on_localhost(tmp_path, ansible_ready):
         )
     }
     assert "numafleet_node_memory_used_ratio" in families, families
+
+
+def test_a_run_that_fails_before_its_report_leaves_no_stale_report(tmp_path, ansible_ready):
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(
+        "all:\n  hosts:\n    localhost:\n      ansible_connection: local\n"
+        "      ansible_python_interpreter: '{{ ansible_playbook_python }}'\n",
+        encoding="utf-8",
+    )
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    stale = reports / "verify.json"
+    stale.write_text('{"status": "pass"}\n', encoding="utf-8")
+    run = ansible_playbook(
+        REPO / "playbooks" / "verify.yml",
+        inventory,
+        "-e",
+        f"numafleet_report_dir={reports}",
+        "-e",
+        "numafleet_verify_window_s=0",
+        "-e",
+        "numafleet_cross_node_target_pct=abc",
+    )
+    assert run.rc != 0, run.explain()
+    evaluate = run.one("localhost", "Evaluate the verify checks")
+    assert "numafleet_cross_node_target_pct" in evaluate["msg"], evaluate
+    assert not stale.exists(), "the previous run's report was left in place"
+    refused = ansible_playbook(
+        REPO / "playbooks" / "verify.yml", inventory, "-e", "numafleet_report_dir=/"
+    )
+    assert refused.rc != 0, refused.explain()
+    message = refused.one("localhost", "Remove the previous verify report on the controller")["msg"]
+    assert "set numafleet_report_dir to a directory of its own" in message, message
