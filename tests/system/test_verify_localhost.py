@@ -87,3 +87,23 @@ def test_a_run_that_fails_before_its_report_leaves_no_stale_report(tmp_path, ans
     assert refused.rc != 0, refused.explain()
     message = refused.one("localhost", "Remove the previous verify report on the controller")["msg"]
     assert "set numafleet_report_dir to a directory of its own" in message, message
+
+
+def test_bad_measurement_settings_name_host_and_variable(tmp_path, ansible_ready):
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(
+        "all:\n  hosts:\n    localhost:\n      ansible_connection: local\n"
+        "      ansible_python_interpreter: '{{ ansible_playbook_python }}'\n",
+        encoding="utf-8",
+    )
+    run = ansible_playbook(
+        REPO / "playbooks" / "verify.yml",
+        inventory,
+        "-e",
+        f"numafleet_report_dir={tmp_path / 'reports'}",
+        "-e",
+        "numafleet_verify_window_s=-1",
+    )
+    assert run.rc != 0, run.explain()
+    message = run.one("localhost", "Check the measurement settings")["msg"]
+    assert message.startswith("host localhost: numafleet_verify_window_s is '-1'"), message
