@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 
+import plan_shapes  # tests/unit/plan_shapes.py (on sys.path through tests/unit/conftest.py)
 import pytest
 
 UNIT_DIR = "etc/systemd/system"
@@ -19,35 +20,7 @@ fi
 
 
 def placement(name, **overrides) -> dict:
-    base = {
-        "name": name,
-        "index": 0,
-        "unit": f"numafleet-{name}.service",
-        "unit_kind": "service",
-        "exec": "/usr/bin/sleep infinity",
-        "argv": ["/usr/bin/sleep", "infinity"],
-        "description": f"numafleet placement {name}",
-        "user": None,
-        "group": None,
-        "tenant": None,
-        "slice": "numafleet.slice",
-        "node": 0,
-        "nodes": [0],
-        "spans": False,
-        "cpus": [2, 3],
-        "cpus_requested": 2,
-        "mems": [0],
-        "memory_kb": 0,
-        "hugepages": None,
-        "gpus": [],
-        "cuda_visible_devices": "",
-        "mps": None,
-        "environment": {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ""},
-        "hardening": None,
-        "warnings": [],
-    }
-    base.update(overrides)
-    return base
+    return plan_shapes.placement(name, **{"cpus": [2, 3], "cpus_requested": 2, **overrides})
 
 
 def make_plan(*names, dropin=False) -> dict:

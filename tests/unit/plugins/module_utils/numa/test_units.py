@@ -8,6 +8,7 @@ import shutil
 import stat
 import subprocess
 
+import plan_shapes  # tests/unit/plan_shapes.py (on sys.path through tests/unit/conftest.py)
 import pytest
 
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa import units
@@ -23,36 +24,8 @@ SYSTEMD_ESCAPE = shutil.which("systemd-escape")
 
 
 def placement(name="llm", **overrides) -> dict:
-    """A service placement in the plan's shape (see the issue 3 spec), with overrides."""
-    base = {
-        "name": name,
-        "index": 0,
-        "unit": f"numafleet-{name}.service",
-        "unit_kind": "service",
-        "exec": "/usr/bin/sleep infinity",
-        "argv": ["/usr/bin/sleep", "infinity"],
-        "description": f"numafleet placement {name}",
-        "user": None,
-        "group": None,
-        "tenant": None,
-        "slice": "numafleet.slice",
-        "node": 0,
-        "nodes": [0],
-        "spans": False,
-        "cpus": [2, 3, 4, 5],
-        "cpus_requested": 4,
-        "mems": [0],
-        "memory_kb": 0,
-        "hugepages": None,
-        "gpus": [],
-        "cuda_visible_devices": "",
-        "mps": None,
-        "environment": {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ""},
-        "hardening": None,
-        "warnings": [],
-    }
-    base.update(overrides)
-    return base
+    """A service placement in the plan's shape, with overrides."""
+    return plan_shapes.placement(name, **overrides)
 
 
 def dropin(name="vllm", unit="vllm.service", **overrides) -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import plan_shapes  # tests/unit/plan_shapes.py (on sys.path through tests/unit/conftest.py)
 import pytest
 from junitparser import Failure, JUnitXml, Skipped
 from prometheus_client.parser import text_string_to_metric_families
@@ -21,36 +22,8 @@ GPU = "0000:17:00.0"
 
 
 def placement(name="embed", **overrides) -> dict:
-    """A placement in the plan's shape (planner.py), with overrides."""
-    base = {
-        "name": name,
-        "index": 0,
-        "unit": f"numafleet-{name}.service",
-        "unit_kind": "service",
-        "exec": "/usr/bin/sleep infinity",
-        "argv": ["/usr/bin/sleep", "infinity"],
-        "description": f"numafleet placement {name}",
-        "user": None,
-        "group": None,
-        "tenant": None,
-        "slice": "numafleet.slice",
-        "node": 0,
-        "nodes": [0],
-        "spans": False,
-        "cpus": [2, 3, 4, 5],
-        "cpus_requested": 4,
-        "mems": [0],
-        "memory_kb": 0,
-        "hugepages": None,
-        "gpus": [],
-        "cuda_visible_devices": "",
-        "mps": None,
-        "environment": {},
-        "hardening": None,
-        "warnings": [],
-    }
-    base.update(overrides)
-    return base
+    """A placement in the plan's shape, without environment, with overrides."""
+    return plan_shapes.placement(name, **{"environment": {}, **overrides})
 
 
 def make_plan(*placements, nodes=None) -> dict:
