@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from junitparser import JUnitXml
 from prometheus_client.parser import text_string_to_metric_families
 from system_helpers import REPO, ansible_playbook
@@ -16,13 +17,19 @@ from system_helpers import REPO, ansible_playbook
 SUMMARY_TASK = "Print the verify summary"
 
 
-def test_verify_runs_on_localhost(tmp_path, ansible_ready):
-    inventory = tmp_path / "hosts.yml"
-    inventory.write_text(
+@pytest.fixture
+def inventory(tmp_path, ansible_ready):
+    """An inventory of this machine alone, over the local connection."""
+    path = tmp_path / "hosts.yml"
+    path.write_text(
         "all:\n  hosts:\n    localhost:\n      ansible_connection: local\n"
         "      ansible_python_interpreter: '{{ ansible_playbook_python }}'\n",
         encoding="utf-8",
     )
+    return path
+
+
+def test_verify_runs_on_localhost(tmp_path, inventory):
     reports = tmp_path / "reports"
     run = ansible_playbook(
         REPO / "playbooks" / "verify.yml",
@@ -56,13 +63,7 @@ def test_verify_runs_on_localhost(tmp_path, ansible_ready):
     assert "numafleet_node_memory_used_ratio" in families, families
 
 
-def test_a_run_that_fails_before_its_report_leaves_no_stale_report(tmp_path, ansible_ready):
-    inventory = tmp_path / "hosts.yml"
-    inventory.write_text(
-        "all:\n  hosts:\n    localhost:\n      ansible_connection: local\n"
-        "      ansible_python_interpreter: '{{ ansible_playbook_python }}'\n",
-        encoding="utf-8",
-    )
+def test_a_run_that_fails_before_its_report_leaves_no_stale_report(tmp_path, inventory):
     reports = tmp_path / "reports"
     reports.mkdir()
     stale = reports / "verify.json"
@@ -89,13 +90,7 @@ def test_a_run_that_fails_before_its_report_leaves_no_stale_report(tmp_path, ans
     assert "set numafleet_report_dir to a directory of its own" in message, message
 
 
-def test_bad_measurement_settings_name_host_and_variable(tmp_path, ansible_ready):
-    inventory = tmp_path / "hosts.yml"
-    inventory.write_text(
-        "all:\n  hosts:\n    localhost:\n      ansible_connection: local\n"
-        "      ansible_python_interpreter: '{{ ansible_playbook_python }}'\n",
-        encoding="utf-8",
-    )
+def test_bad_measurement_settings_name_host_and_variable(tmp_path, inventory):
     run = ansible_playbook(
         REPO / "playbooks" / "verify.yml",
         inventory,
