@@ -1,7 +1,7 @@
 # numafleet.tuning: developer and CI entry points.
 #
 #   make setup demo   create .venv (pinned toolchain) and run the demo job
-#   make test         the CI gate: lint, sanity, units, integration, system; fails on any finding
+#   make test         the CI gate: lint, sanity, units, integration, system, vm; fails on any finding
 #
 # Every target runs from the repository root. Tools come from .venv only.
 
@@ -19,20 +19,21 @@ REQ_HASH := $(shell sha256sum requirements-dev.txt | cut -c1-16)
 STAMP := $(VENV)/.setup-$(REQ_HASH)
 COLLECTION_LINK := .collections/ansible_collections/numafleet/tuning
 # Only folders that exist: a fresh clone has no benchmarks/ until something is committed there.
-PY_PATHS := $(wildcard plugins tests benchmarks .ci)
+PY_PATHS := $(wildcard plugins tests benchmarks molecule .ci)
 
 # Tools see the venv first (ansible-lint warns when its own bin dir is missing from PATH).
 export PATH := $(BIN):$(PATH)
 export ANSIBLE_NOCOLOR := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: bench help setup demo test lint ruff yamllint ansible-lint sanity units integration system changelog-lint changelog format clean
+.PHONY: bench help setup demo test lint ruff yamllint ansible-lint sanity units integration system vm vm-down changelog-lint changelog format clean
 
 help:
 	@echo "make setup          create .venv from requirements-dev.txt and the .collections symlink"
 	@echo "make demo           materialise .demo/ and run site.yml on the demo fleet (render mode)"
-	@echo "make test           lint + sanity + units + integration + system (the CI gate)"
-	@echo "make lint|sanity|units|system|changelog-lint   one layer at a time"
+	@echo "make test           lint + sanity + units + integration + system + vm (the CI gate)"
+	@echo "make lint|sanity|units|system|vm|changelog-lint   one layer at a time"
+	@echo "make vm             the 2-NUMA-node QEMU guest scenario (molecule numa_vm, about 10 minutes)"
 	@echo "make bench          run benchmarks/facts.py and benchmarks/planner.py, results in benchmarks/results/"
 	@echo "make integration    ansible-test integration on a copy of the tree"
 	@echo "make format         ruff format + safe ruff fixes on plugins/ tests/ benchmarks/ .ci/"
@@ -74,7 +75,7 @@ demo: setup
 	$(BIN)/python tests/unit/fixtures/trees.py --demo .demo
 	$(BIN)/ansible-playbook -i inventories/demo site.yml
 
-test: lint sanity units integration system
+test: lint sanity units integration system vm
 
 lint: ruff yamllint ansible-lint
 
@@ -112,6 +113,18 @@ units: setup
 # Real site.yml runs on scratch copies of the demo fleet and tests/bad_inputs/ (about 2-3 minutes).
 system: setup
 	$(BIN)/pytest tests/system -q -p no:cacheprovider
+
+# Layer 4 on a real kernel: a 2-NUMA-node QEMU guest (tests/vm/README.md). Installs qemu and
+# mmdebstrap with apt-get when missing (root or sudo -n), builds or reuses the cached image, boots
+# it, runs site.yml twice (second run changed=0), testinfra and playbooks/verify.yml (plus an
+# unpinned control that must fail), stops the guest. Times per action: reports/numa_vm/timings.json.
+vm: setup
+	$(BIN)/python tests/vm/numa_vm.py deps
+	$(BIN)/python tests/vm/run_scenario.py test -s numa_vm
+
+# Stops a guest left running by an interrupted `molecule converge -s numa_vm` (by its recorded PID).
+vm-down: setup
+	$(BIN)/molecule destroy -s numa_vm
 
 changelog-lint: setup
 	$(BIN)/antsibull-changelog lint

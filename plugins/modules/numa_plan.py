@@ -30,6 +30,11 @@ description:
   - Explicit pins (GPU addresses or UUIDs in C(gpus), a NUMA node in C(node), a cpulist in
     C(cpus)) are honoured and validated. A GPU whose NUMA locality is unknown is used
     only when pinned or when no known-locality GPU fits, and the plan then carries a warning.
+  - C(near) anchors a placement on a PCI device of C(ansible_facts.numa.pci_devices) (a NIC, an
+    NVMe drive, CXL memory or a GPU), given by its address (V(0000:4b:00.0) or the short
+    V(4b:00.0)). The placement is planned as if C(node) were the device's node, so its CPUs,
+    memory and GPUs come from that node. A device of unknown locality, a device on a node without usable CPUs,
+    or a C(node) that disagrees with the device is an error.
   - Input that is malformed or cannot fit fails the task with one message that names the host, the
     variable (for example numafleet_placements[2] (llm-70b).memory), what is wrong, and the fix;
     infeasible plans list what is free per node. Nothing is planned for that host.
@@ -48,9 +53,9 @@ options:
   placements:
     description:
       - The placements to plan, a list of dicts with the keys C(name), C(tenant), C(exec) or
-        C(unit), C(user), C(group), C(description), C(gpus), C(cpus), C(node), C(memory),
-        C(hugepages), C(environment), C(mig_profile), C(mps), C(allow_span) and C(hardening); see
-        the collection README for each key.
+        C(unit), C(user), C(group), C(description), C(gpus), C(cpus), C(node), C(near),
+        C(memory), C(hugepages), C(environment), C(mig_profile), C(mps), C(allow_span) and
+        C(hardening); see the collection README for each key.
       - Usually the host variable C(numafleet_placements), which the planner's messages name.
         V(null) means none.
     type: raw
@@ -152,6 +157,11 @@ EXAMPLES = r"""
         mig_profile: 1g.10gb
         cpus: 4
         memory: 8G
+      - name: feature-store
+        exec: /opt/fs/bin/serve --data /srv/nvme0
+        near: "0000:65:00.0"
+        cpus: 8
+        memory: 16G
 
 - name: Show the CPUs of each placement
   ansible.builtin.debug:
@@ -197,9 +207,11 @@ ansible_facts:
           description:
             - One entry per placement, in declaration order, with C(name), C(index), C(unit),
               C(unit_kind) (V(service) or V(dropin)), C(exec), C(argv), C(description), C(user),
-              C(group), C(tenant), C(slice), C(node), C(nodes), C(spans), C(cpus),
+              C(group), C(tenant), C(slice), C(node), C(nodes), C(spans), C(near), C(cpus),
               C(cpus_requested), C(mems), C(memory_kb), C(hugepages), C(gpus),
               C(cuda_visible_devices), C(mps), C(environment), C(hardening) and C(warnings).
+            - C(near) is the PCI device the placement is anchored on (C(address), C(kind),
+              C(node)), or V(null) without C(near).
           type: list
           elements: dict
           sample:

@@ -24,6 +24,7 @@ def placement(name: str = "llm", **overrides) -> dict:
         "node": 0,
         "nodes": [0],
         "spans": False,
+        "near": None,
         "cpus": [2, 3, 4, 5],
         "cpus_requested": 4,
         "mems": [0],

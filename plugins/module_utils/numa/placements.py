@@ -28,6 +28,7 @@ PLACEMENT_KEYS = (
     "gpus",
     "cpus",
     "node",
+    "near",
     "memory",
     "hugepages",
     "environment",
@@ -98,6 +99,7 @@ class Placement:
     cpu_count: int
     cpu_list: Optional[tuple]  # explicit CPUs, sorted
     node: Optional[int]
+    near: Optional[str]  # PCI address (lower case, full or BB:DD.F) whose node anchors it
     memory_kb: int
     hugepages: Optional[Hugepages]
     environment: tuple  # sorted (key, value) pairs
@@ -266,6 +268,14 @@ def _split_exec(host: str, where: str, text: str) -> tuple:
     return tuple(argv)
 
 
+def _pci_address(text: str) -> Optional[str]:
+    """text lower-cased if it is a PCI address (DDDD:BB:DD.F or BB:DD.F), else None."""
+    lower = text.lower()
+    if _GPU_ADDRESS.match(lower) or GPU_SHORT_ADDRESS.match(lower):
+        return lower
+    return None
+
+
 def _gpus(host: str, where: str, value) -> tuple:
     if value is None:
         return 0, None
@@ -288,13 +298,29 @@ def _gpus(host: str, where: str, value) -> tuple:
                 "UUIDs (GPU-...)",
             )
         ident = item.strip()
-        lower = ident.lower()
-        if _GPU_ADDRESS.match(lower) or GPU_SHORT_ADDRESS.match(lower):
-            ident = lower
+        ident = _pci_address(ident) or ident
         if ident in ids:
             raise _fail(host, f"{where}.gpus lists {ident} twice; list each GPU once")
         ids.append(ident)
     return len(ids), tuple(ids)
+
+
+def _near(host: str, where: str, value) -> str:
+    """The PCI address of near: (lower case, full or BB:DD.F); raises PlacementError."""
+    if isinstance(value, list):
+        raise _fail(
+            host,
+            f"{where}.near: {value!r} is a list; near anchors the placement on one PCI device: "
+            "write one address, e.g. near: 0000:4b:00.0",
+        )
+    address = _pci_address(value.strip()) if isinstance(value, str) else None
+    if address is None:
+        raise _fail(
+            host,
+            f"{where}.near: {value!r} is not a PCI address; write one address of "
+            "ansible_facts.numa.pci_devices, full (0000:4b:00.0) or short (4b:00.0)",
+        )
+    return address
 
 
 def _cpus(host: str, where: str, value) -> tuple:
@@ -525,6 +551,7 @@ def _placement(host: str, index: int, entry, tenants: set) -> Placement:
     node = entry.get("node")
     if node is not None and (not _is_int(node) or node < 0):
         raise _fail(host, f"{where}.node: {node!r} is not a NUMA node id; write e.g. node: 0")
+    near = entry.get("near")
     memory = entry.get("memory")
     memory_kb = 0 if memory is None else _size(host, where, "memory", memory)
     mig_profile = entry.get("mig_profile")
@@ -567,6 +594,7 @@ def _placement(host: str, index: int, entry, tenants: set) -> Placement:
         cpu_count=cpu_count,
         cpu_list=cpu_list,
         node=node,
+        near=None if near is None else _near(host, where, near),
         memory_kb=memory_kb,
         hugepages=None if hugepages is None else _hugepages(host, where, hugepages),
         environment=() if environment is None else _environment(host, where, environment),

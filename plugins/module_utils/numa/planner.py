@@ -7,6 +7,7 @@ so appending a placement never moves an earlier one. See DESIGN.md §3 for the p
 
 from __future__ import annotations
 
+from dataclasses import replace
 from operator import itemgetter, methodcaller
 from typing import Optional
 
@@ -32,6 +33,10 @@ MPS_PIPE_ROOT = "/run/nvidia-mps"
 MPS_LOG_ROOT = "/var/log/nvidia-mps"
 DEFAULT_SLICE = "numafleet.slice"
 _ID = itemgetter("id")
+_ADDRESS = itemgetter("address")
+# How messages name a PCI device kind of ansible_facts.numa.pci_devices.
+_KIND_NAMES = {"gpu": "GPU", "nic": "NIC", "nvme": "NVMe drive", "cxl_memory": "CXL memory device"}
+_KNOWN_DEVICES_SHOWN = 5
 _SIBLINGS = methodcaller("get", "siblings")
 
 
@@ -43,6 +48,18 @@ def _count(number: int, noun: str, with_number: bool = True) -> str:
 
 def _short_address(address: str) -> str:
     return address[5:] if address.startswith("0000:") else address
+
+
+def _device_label(device: dict) -> str:
+    """'NIC 0000:4b:00.0': a PCI device of the facts as messages name it."""
+    kind = device.get("kind")
+    return f"{_KIND_NAMES.get(kind, kind or 'device')} {device['address']}"
+
+
+def _device_hint(device: dict) -> str:
+    """'0000:4b:00.0 (nic, node 0)': address, kind and node of a PCI device for a known: list."""
+    node = device.get("node")
+    return f"{device['address']} ({device.get('kind')}, node {'unknown' if node is None else node})"
 
 
 class _Gpu:
@@ -245,6 +262,11 @@ class _Host:
         # Free groups left of cores whose other SMT siblings a placement pinned: (cpu, owner)
         # pairs of those siblings. They sit at the end of free_groups, after the whole cores.
         self.shared: dict = {}
+        # Placement-relevant PCI devices (GPUs, NICs, NVMe, CXL memory) that near: anchors on.
+        self.pci = sorted(
+            (d for d in numa.get("pci_devices") or () if isinstance(d, dict) and d.get("address")),
+            key=_ADDRESS,
+        )
         self._index_gpus(gpu_topology)
 
     def _check_reserved(self, nodes: list) -> None:
@@ -402,6 +424,8 @@ class _Planner:
         self.placements = placements
         self.out: list = []
         self.warnings: list = []
+        # placement index -> (PCI device of near:, whether node: was written too)
+        self.anchors: dict = {}
 
     # -- request checks against the facts --------------------------------------------------
 
@@ -468,6 +492,92 @@ class _Planner:
                     "needs an NVIDIA GPU: remove mps",
                 )
         return gpus
+
+    def _pin(self, p) -> tuple:
+        """(key, node text, fix) naming p's node pin in messages: node: or near: <address>."""
+        anchor = self.anchors.get(p.index)
+        if anchor is None:
+            return "node", f"node {p.node}", "drop node:"
+        device, node_given = anchor
+        return (
+            "near",
+            f"node {p.node} (from near: {device['address']})",
+            "drop near: and node:" if node_given else "drop near:",
+        )
+
+    def _near_device(self, p) -> dict:
+        """The PCI device of the facts that p's near: names (full or BB:DD.F address)."""
+        state = self.state
+        matches = [d for d in state.pci if d["address"] == p.near]
+        if not matches and GPU_SHORT_ADDRESS.match(p.near):
+            matches = [d for d in state.pci if d["address"].partition(":")[2] == p.near]
+        if len(matches) == 1:
+            return matches[0]
+        if matches:
+            raise PlacementError(
+                state.host,
+                f"{p.where}.near: {p.near} is ambiguous: it matches PCI devices "
+                f"{', '.join(d['address'] for d in matches)} (several PCI domains); write the "
+                f"full address with its domain, e.g. {matches[0]['address']}",
+            )
+        if not state.pci:
+            raise PlacementError(
+                state.host,
+                f"{p.where}.near: {p.near} is not a PCI device of this host, which lists no "
+                "GPU, NIC, NVMe drive or CXL memory device (ansible_facts.numa.pci_devices is "
+                "empty); pin node: instead",
+            )
+        # GPUs last: near: is mostly for NICs and drives, GPUs are usually chosen with gpus:.
+        devices = sorted(state.pci, key=lambda d: (d.get("kind") == "gpu", d["address"]))
+        known = ", ".join(_device_hint(d) for d in devices[:_KNOWN_DEVICES_SHOWN])
+        if len(devices) > _KNOWN_DEVICES_SHOWN:
+            known += f" and {len(devices) - _KNOWN_DEVICES_SHOWN} more"
+        raise PlacementError(
+            state.host,
+            f"{p.where}.near: {p.near} is not a GPU, NIC, NVMe drive or CXL memory device of "
+            f"this host (known: {known}); write an address of ansible_facts.numa.pci_devices",
+        )
+
+    def _anchor(self, p):
+        """p with node: set to the node of its near: device; raises PlacementError."""
+        state = self.state
+        device = self._near_device(p)
+        label = _device_label(device)
+        nid = device.get("node")
+        if nid is None:
+            raise PlacementError(
+                state.host,
+                f"{p.where}.near: {label} has unknown NUMA locality (numa_node -1 and its local "
+                "CPUs match no single node), so it gives no node to anchor on; drop near: and "
+                "pin node: N instead if you know the node it is attached to (nodes with CPUs: "
+                f"{', '.join(str(n) for n in state.cpu_nodes)})",
+            )
+        if nid not in state.usable:
+            kind = state.node[nid].get("kind") if nid in state.node else "not in the NUMA facts"
+            nearest = sorted(
+                state.cpu_nodes,
+                key=lambda other: (state.dist.get(nid, {}).get(other, 255), other),
+            )
+            fix = (
+                f"write node: {nearest[0]} (the nearest node with CPUs) instead of near:"
+                if nearest and nid in state.dist
+                else "pin node: to one of "
+                f"{', '.join(str(n) for n in state.cpu_nodes)} instead of near:"
+            )
+            raise PlacementError(
+                state.host,
+                f"{p.where}.near: {label} is on node {nid}, which has no CPUs a placement can "
+                f"use (kind {kind}); {fix}",
+            )
+        if p.node is not None and p.node != nid:
+            raise PlacementError(
+                state.host,
+                f"{p.where}: node: {p.node} and near: {device['address']} disagree: {label} is "
+                f"on node {nid}; drop node: (near: pins the placement to the device's node) or "
+                f"drop near: to keep node {p.node}",
+            )
+        self.anchors[p.index] = (device, p.node is not None)
+        return p if p.node is not None else replace(p, node=nid)
 
     def _check_mig(self, p, listed: list) -> None:
         state = self.state
@@ -559,11 +669,12 @@ class _Planner:
         theirs = f"the MIG GPU(s) offering {p.mig_profile} ({where})"
         nodes_text = " or ".join(str(n) for n in gpu_nodes)
         if pinned_nodes is None:
+            key, pin, drop = self._pin(p)
             raise PlacementError(
                 state.host,
-                f"{p.where}.node: node {p.node} is not the node of {theirs}; drop node: (the "
-                f"CPUs follow the GPUs), enable MIG on a GPU of node {p.node}, or set "
-                f"allow_span: true to run the CPUs on node {p.node} anyway",
+                f"{p.where}.{key}: {pin} is not the node of {theirs}; {drop} (the CPUs follow "
+                f"the GPUs), enable MIG on a GPU of node {p.node}, or set allow_span: true to "
+                f"run the CPUs on node {p.node} anyway",
             )
         raise PlacementError(
             state.host,
@@ -625,10 +736,11 @@ class _Planner:
                 "not balance threads across them"
             )
         if p.node is not None and nodes != {p.node}:
+            dummy, pin, drop = self._pin(p)
             raise PlacementError(
                 state.host,
                 f"{p.where}: cpus {format_cpulist(p.cpu_list)} are on node(s) "
-                f"{', '.join(str(n) for n in sorted(nodes))}, not on node {p.node}; drop node: "
+                f"{', '.join(str(n) for n in sorted(nodes))}, not on {pin}; {drop} "
                 "or pin CPUs of that node",
             )
         return sorted(nodes)
@@ -650,10 +762,11 @@ class _Planner:
         if p.node is not None and p.node not in gpu_nodes:
             gpu = known[0]
             near = "" if gpu.cpu_node == gpu.node else f" (its nearest CPUs: node {gpu.cpu_node})"
+            key, pin, drop = self._pin(p)
             raise PlacementError(
                 state.host,
-                f"{p.where}.node: node {p.node} is not the node of GPU {gpu.address}, which is "
-                f"on node {gpu.node}{near}; drop node: (the CPUs follow the GPUs), list GPUs of "
+                f"{p.where}.{key}: {pin} is not the node of GPU {gpu.address}, which is "
+                f"on node {gpu.node}{near}; {drop} (the CPUs follow the GPUs), list GPUs of "
                 f"node {p.node}, or set allow_span: true to run the CPUs on node {p.node} anyway",
             )
         if pinned_nodes is not None:
@@ -866,11 +979,11 @@ class _Planner:
     def _infeasible(self, p, nodes: list, listed: list, spanned: bool) -> PlanError:
         state = self.state
         if spanned:  # nodes were tried together: what is short is short on the whole host
-            on = f" from NUMA node {p.node}" if p.node is not None else ""
+            on = f" from NUMA {self._pin(p)[1]}" if p.node is not None else ""
             gpu_free = sum(len(state.free_whole.get(n, ())) for n in state.cpu_nodes)
             cpu_free = sum(state.free_cpus.get(n, 0) for n in state.cpu_nodes)
         else:
-            on = f" on NUMA node {p.node}" if p.node is not None else " on one NUMA node"
+            on = f" on NUMA {self._pin(p)[1]}" if p.node is not None else " on one NUMA node"
             gpu_free = max((len(state.free_whole.get(n, ())) for n in nodes), default=0)
             cpu_free = max((state.free_cpus.get(n, 0) for n in nodes), default=0)
         hp_kb = p.hugepages.size_kb * p.hugepages.count if p.hugepages else 0
@@ -946,6 +1059,8 @@ class _Planner:
     def _place(self, p) -> dict:
         state = self.state
         warnings: list = []
+        if p.near is not None:  # a node pin derived from the device: planned as node: <its node>
+            p = self._anchor(p)
         listed = self._listed_gpus(p)
         if p.mig_profile is not None:
             self._check_mig(p, listed)
@@ -1077,6 +1192,7 @@ class _Planner:
             "node": fit.nodes[0],
             "nodes": sorted(fit.nodes) if fit.spans else [fit.nodes[0]],
             "spans": fit.spans,
+            "near": self._near_out(p),
             "cpus": cpus,
             "cpus_requested": p.cpu_count,
             "mems": fit.mems,
@@ -1089,6 +1205,14 @@ class _Planner:
             "hardening": p.hardening,
             "warnings": warnings,
         }
+
+    def _near_out(self, p) -> Optional[dict]:
+        """The plan's near entry of p: the PCI device it is anchored on, or None."""
+        anchor = self.anchors.get(p.index)
+        if anchor is None:
+            return None
+        device = anchor[0]
+        return {"address": device["address"], "kind": device.get("kind"), "node": device["node"]}
 
     def _gpu_part(self, p, fit: _Fit, environment: dict, warnings: list) -> tuple:
         """GPU entries, CUDA_VISIBLE_DEVICES and MPS settings of a placement that has GPUs."""
@@ -1410,7 +1534,10 @@ def plan_host(host, numa, gpu_topology, placements, tenants, policy) -> dict:
 
 
 def plan_summary(plan: dict) -> str:
-    """One line per host: '<host>: 2 placements: a node0 cpus 2-17 gpus 17:00.0; ...; 1 warning'."""
+    """One line per host: '<host>: 2 placements: a node0 cpus 2-17 gpus 17:00.0; ...; 1 warning'.
+
+    A placement anchored with near: ends in ' near <BB:DD.F>' (' near 4b:00.0').
+    """
     placements = plan.get("placements") or []
     parts = []
     for entry in placements:
@@ -1423,6 +1550,9 @@ def plan_summary(plan: dict) -> str:
                 text += f" mig {mig['profile']}@{mig['placement_start']}"
             if entry["mps"] is not None:
                 text += " mps"
+        near = entry.get("near")
+        if near:
+            text += f" near {_short_address(near['address'])}"
         parts.append(text)
     count = len(placements)
     line = f"{plan.get('host')}: {count} placement{'' if count == 1 else 's'}"

@@ -120,6 +120,7 @@ def test_full_placement_parses_into_its_dataclass():
 def test_defaults():
     (got,) = parse(placement())
     assert (got.gpu_count, got.gpu_ids, got.memory_kb, got.hugepages) == (0, None, 0, None)
+    assert (got.node, got.near) == (None, None)
     assert got.description == "numafleet placement llm"
     assert (got.allow_span, got.hardening, got.mps, got.mig_profile) == (False, None, None, None)
     assert parse_placements(HOST, None, []) == []
@@ -137,6 +138,28 @@ def test_defaults():
 def test_gpu_addresses_are_lower_cased_short_or_full(given, ids):
     (got,) = parse(placement(gpus=given))
     assert got.gpu_ids == ids
+
+
+@pytest.mark.parametrize(
+    ("given", "address"),
+    [
+        ("0000:4b:00.0", "0000:4b:00.0"),
+        ("0000:4B:00.0", "0000:4b:00.0"),  # any case, like gpus:
+        ("4b:00.0", "4b:00.0"),  # the short form; the planner matches it against the facts
+        ("65:00.1", "65:00.1"),
+        (" 4B:00.7 ", "4b:00.7"),
+        ("10000:00:02.0", "10000:00:02.0"),  # a 32-bit domain (VMD, Hyper-V)
+    ],
+)
+def test_near_takes_one_pci_address_full_or_short(given, address):
+    (got,) = parse(placement(near=given))
+    assert got.near == address
+    assert got.node is None  # the node comes from the facts, in the planner
+
+
+def test_near_and_node_may_both_be_written():
+    (got,) = parse(placement(near="4b:00.0", node=0, gpus=1))
+    assert (got.near, got.node, got.gpu_count) == ("4b:00.0", 0, 1)
 
 
 def test_sizes_of_a_mebibyte_and_zero_are_accepted():
@@ -439,6 +462,23 @@ BAD_PLACEMENTS = [
     ("gpus garbage", placement(gpus="two"), f"{P0}.gpus: 'two' is neither a count nor a list"),
     ("gpus list item", placement(gpus=[3]), f"{P0}.gpus: 3 is not a GPU"),
     ("node negative", placement(node=-1), f"{P0}.node: -1 is not a NUMA node id"),
+    (
+        "near not an address",
+        placement(near="eth0"),
+        f"{P0}.near: 'eth0' is not a PCI address; write one address of "
+        "ansible_facts.numa.pci_devices, full (0000:4b:00.0) or short (4b:00.0)",
+    ),
+    ("near bus only", placement(near="4b:00"), f"{P0}.near: '4b:00' is not a PCI address"),
+    ("near function 8", placement(near="4b:00.8"), f"{P0}.near: '4b:00.8' is not a PCI address"),
+    ("near empty", placement(near=""), f"{P0}.near: '' is not a PCI address"),
+    ("near a number", placement(near=75), f"{P0}.near: 75 is not a PCI address"),
+    ("near a boolean", placement(near=True), f"{P0}.near: True is not a PCI address"),
+    (
+        "near a list",
+        placement(near=["4b:00.0", "65:00.0"]),
+        f"{P0}.near: ['4b:00.0', '65:00.0'] is a list; near anchors the placement on one PCI "
+        "device: write one address, e.g. near: 0000:4b:00.0",
+    ),
     ("node bool", placement(node=True), f"{P0}.node: True is not a NUMA node id"),
     (
         "mig with a count",

@@ -673,7 +673,7 @@ def test_plan_shape_and_summary(machine_facts):
     ]
     assert list(result["placements"][0]) == [
         "name", "index", "unit", "unit_kind", "exec", "argv", "description", "user", "group",
-        "tenant", "slice", "node", "nodes", "spans", "cpus", "cpus_requested", "mems",
+        "tenant", "slice", "node", "nodes", "spans", "near", "cpus", "cpus_requested", "mems",
         "memory_kb", "hugepages", "gpus", "cuda_visible_devices", "mps", "environment",
         "hardening", "warnings",
     ]  # fmt: skip
@@ -1133,3 +1133,249 @@ def test_multi_gpu_requests_prefer_one_pcie_switch_over_node_fragmentation(machi
     # node 0 keeps 2a:00.0 + 5d:00.0 (two switches), node 1 keeps ab, ba + db (one switch)
     pair = by_name(result)["pair"]
     assert (pair["node"], addresses(pair)) == (1, ["0000:ba:00.0", "0000:db:00.0"])
+
+
+# ---------------------------------------------------------------------------------------------
+# near: a placement anchored on a PCI device's node (NIC, NVMe drive, CXL memory, GPU)
+
+A100_NIC, A100_NVME = "0000:4b:00.0", "0000:65:00.0"  # both on node 0 of the A100 tree
+
+
+def _without(entry: dict, *keys) -> dict:
+    return {key: value for key, value in entry.items() if key not in keys}
+
+
+@pytest.mark.parametrize(
+    ("near", "kind"),
+    [(A100_NIC, "nic"), ("4B:00.0", "nic"), (A100_NVME, "nvme"), ("65:00.0", "nvme")],
+)
+def test_near_plans_the_placement_as_node_of_the_device(machine_facts, near, kind):
+    # x takes a GPU of node 1: a CPU-only placement then goes to node 1 by itself (tighter fit)
+    first = p("x", gpus=["b1:00.0"])
+    free = plan(machine_facts, A100, [first, p("d", cpus=8, memory="16G")])
+    assert by_name(free)["d"]["node"] == 1 and by_name(free)["d"]["near"] is None
+    anchored = plan(machine_facts, A100, [first, p("d", cpus=8, memory="16G", near=near)])
+    pinned = plan(machine_facts, A100, [first, p("d", cpus=8, memory="16G", node=0)])
+    entry = by_name(anchored)["d"]
+    address = A100_NIC if kind == "nic" else A100_NVME
+    assert entry["near"] == {"address": address, "kind": kind, "node": 0}
+    assert (entry["node"], entry["nodes"], entry["mems"]) == (0, [0], [0])
+    assert entry["cpus"] == [0, 1, 2, 3, 64, 65, 66, 67]
+    # exactly what node: 0 gives, apart from the near entry
+    assert _without(entry, "near") == _without(by_name(pinned)["d"], "near")
+    assert by_name(pinned)["d"]["near"] is None
+    assert _without(anchored, "placements") == _without(pinned, "placements")
+    assert plan_summary(anchored) == (
+        "h: 2 placements: x node1 cpus 32-33,96-97 gpus b1:00.0; "
+        f"d node0 cpus 0-3,64-67 near {address[5:]}"
+    )
+
+
+def test_near_also_sets_the_node_of_counted_gpus(machine_facts):
+    result = plan(machine_facts, H100, [p("free", gpus=2)])
+    assert result["placements"][0]["node"] == 0  # by itself: node 0
+    result = plan(machine_facts, H100, [p("rdma", gpus=2, near="9b:00.0")])
+    (entry,) = result["placements"]
+    assert entry["near"] == {"address": "0000:9b:00.0", "kind": "nic", "node": 1}
+    assert entry["node"] == 1 and all(g["node"] == 1 for g in entry["gpus"])
+    assert len(entry["gpus"]) == 2 and result["warnings"] == []
+    assert plan_summary(result).endswith(" near 9b:00.0")
+
+
+def test_near_gpus_must_come_from_the_anchor_node(machine_facts):
+    # node 0 of the A100 has one whole GPU (17:00.0 is in MIG mode): two do not fit there
+    with pytest.raises(PlanError) as err:
+        plan(machine_facts, A100, [p("d", gpus=2, near=A100_NIC)])
+    assert str(err.value).startswith(
+        "host h: numafleet_placements[0] (d) needs 2 GPUs on NUMA node 0 (from near: "
+        "0000:4b:00.0); free per node: node0 1 GPU, 64 CPUs"
+    )
+    assert str(err.value).endswith("Lower gpus, set allow_span: true, or remove another placement.")
+    result = plan(machine_facts, A100, [p("d", gpus=1, near=A100_NIC)])
+    assert addresses(result["placements"][0]) == ["0000:31:00.0"]
+
+
+def test_near_with_a_listed_gpu_of_the_anchor_node(machine_facts):
+    result = plan(machine_facts, A100, [p("d", gpus=["31:00.0"], near=A100_NVME, cpus="4-5")])
+    (entry,) = result["placements"]
+    assert (entry["node"], entry["cpus"], addresses(entry)) == (0, [4, 5], ["0000:31:00.0"])
+    assert entry["near"]["kind"] == "nvme" and result["warnings"] == []
+
+
+def test_near_with_allow_span_keeps_the_cpus_next_to_the_device(machine_facts):
+    placements = [p("d", gpus=["b1:00.0"], near=A100_NIC, allow_span=True)]
+    (entry,) = plan(machine_facts, A100, placements)["placements"]
+    assert entry["node"] == 0 and addresses(entry) == ["0000:b1:00.0"]
+    assert "GPU 0000:b1:00.0 is on node 1, not next to the placement's CPUs" in entry["warnings"][0]
+
+
+def test_near_a_device_whose_node_was_inferred_from_its_local_cpus(machine_facts):
+    # 07:00.0 of the VM has numa_node -1, but its local_cpulist is exactly node 1's CPUs
+    result = plan(machine_facts, VM, [p("d", cpus=2, near="07:00.0")])
+    (entry,) = result["placements"]
+    assert entry["near"] == {"address": "0000:07:00.0", "kind": "gpu", "node": 1}
+    assert entry["node"] == 1 and entry["gpus"] == []
+
+
+def test_near_and_node_that_agree(machine_facts):
+    result = plan(machine_facts, A100, [p("d", near=A100_NIC, node=0)])
+    assert result["placements"][0]["near"] == {"address": A100_NIC, "kind": "nic", "node": 0}
+
+
+NEAR_ERRORS = [
+    (
+        "unknown device",
+        A100,
+        [p("d", near="0000:99:00.0")],
+        "host h: numafleet_placements[0] (d).near: 0000:99:00.0 is not a GPU, NIC, NVMe drive or "
+        "CXL memory device of this host (known: 0000:4b:00.0 (nic, node 0), 0000:65:00.0 (nvme, "
+        "node 0), 0000:17:00.0 (gpu, node 0), 0000:31:00.0 (gpu, node 0), 0000:b1:00.0 (gpu, "
+        "node 1) and 1 more); write an address of ansible_facts.numa.pci_devices",
+    ),
+    (
+        "unknown short address",
+        H100,
+        [p("d", near="4b:00.0")],
+        "(d).near: 4b:00.0 is not a GPU, NIC, NVMe drive or CXL memory device of this host "
+        "(known: 0000:19:00.0 (nic, node 0), 0000:3b:00.0 (nic, node 0), 0000:9b:00.0 (nic, "
+        "node 1), 0000:bb:00.0 (nic, node 1), 0000:18:00.0 (gpu, node 0) and 7 more)",
+    ),
+    (
+        "unknown locality",
+        VM,
+        [p("d", cpus=2, near="06:00.0")],
+        "host h: numafleet_placements[0] (d).near: GPU 0000:06:00.0 has unknown NUMA locality "
+        "(numa_node -1 and its local CPUs match no single node), so it gives no node to anchor "
+        "on; drop near: and pin node: N instead if you know the node it is attached to (nodes "
+        "with CPUs: 0, 1)",
+    ),
+    (
+        "unknown locality NIC",
+        VM,
+        [p("d", cpus=2, near="0000:01:00.0", node=1)],
+        "(d).near: NIC 0000:01:00.0 has unknown NUMA locality",
+    ),
+    (
+        "node disagrees",
+        A100,
+        [p("d", near=A100_NIC, node=1)],
+        "host h: numafleet_placements[0] (d): node: 1 and near: 0000:4b:00.0 disagree: NIC "
+        "0000:4b:00.0 is on node 0; drop node: (near: pins the placement to the device's node) "
+        "or drop near: to keep node 1",
+    ),
+    (
+        "listed GPU of another node",
+        A100,
+        [p("d", gpus=["b1:00.0"], near=A100_NIC)],
+        "host h: numafleet_placements[0] (d).near: node 0 (from near: 0000:4b:00.0) is not the "
+        "node of GPU 0000:b1:00.0, which is on node 1; drop near: (the CPUs follow the GPUs), "
+        "list GPUs of node 0, or set allow_span: true to run the CPUs on node 0 anyway",
+    ),
+    (
+        "listed GPU of another node, node: too",
+        A100,
+        [p("d", gpus=["b1:00.0"], near=A100_NIC, node=0)],
+        "(d).near: node 0 (from near: 0000:4b:00.0) is not the node of GPU 0000:b1:00.0, which "
+        "is on node 1; drop near: and node: (the CPUs follow the GPUs)",
+    ),
+    (
+        "pinned CPUs of another node",
+        A100,
+        [p("d", cpus="32-35", near=A100_NVME)],
+        "host h: numafleet_placements[0] (d): cpus 32-35 are on node(s) 1, not on node 0 (from "
+        "near: 0000:65:00.0); drop near: or pin CPUs of that node",
+    ),
+    (
+        "MIG GPU of another node",
+        A100,
+        [p("d", mig_profile="1g.10gb", near="b1:00.0")],
+        "host h: numafleet_placements[0] (d).near: node 1 (from near: 0000:b1:00.0) is not the "
+        "node of the MIG GPU(s) offering 1g.10gb (0000:17:00.0 on node 0); drop near: (the "
+        "CPUs follow the GPUs), enable MIG on a GPU of node 1",
+    ),
+    (
+        "too many CPUs",
+        A100,
+        [p("d", cpus=100, near=A100_NIC)],
+        "host h: numafleet_placements[0] (d) needs 100 CPUs on NUMA node 0 (from near: "
+        "0000:4b:00.0); free per node",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "machine", "placements", "message"), NEAR_ERRORS, ids=[c[0] for c in NEAR_ERRORS]
+)
+def test_near_errors(machine_facts, case, machine, placements, message):
+    with pytest.raises(PlanError) as err:
+        plan(machine_facts, machine, placements)
+    assert message in str(err.value), f"{case}: {err.value}"
+
+
+def test_near_errors_are_placement_errors_with_distinct_messages(machine_facts):
+    messages = set()
+    for case, machine, placements, dummy in NEAR_ERRORS:
+        with pytest.raises(PlanError) as err:
+            plan(machine_facts, machine, placements)
+        if case != "too many CPUs":  # infeasible, not bad input
+            assert isinstance(err.value, PlacementError), case
+        messages.add(str(err.value))
+    assert len(messages) == len(NEAR_ERRORS)
+
+
+def _with_devices(numa: dict, *devices) -> dict:
+    numa["pci_devices"] = [
+        {"address": address, "kind": kind, "numa_node": node, "node": node}
+        for address, kind, node in devices
+    ]
+    return numa
+
+
+def test_near_a_device_on_a_node_without_cpus():
+    # node 2 is CXL memory (no CPUs), nearer to node 1 than to node 0
+    numa = synthetic(
+        cpus_per_node=(4, 4, 0),
+        mem_gb=(16, 16, 64),
+        distances=[[10, 20, 30], [20, 10, 15], [30, 15, 10]],
+    )
+    numa = _with_devices(numa, ("0000:c0:00.0", "cxl_memory", 2), ("0000:4b:00.0", "nic", 1))
+    with pytest.raises(PlacementError) as err:
+        plan_host("h", numa, None, [p("kv", cpus=2, near="c0:00.0")], [], POLICY)
+    assert str(err.value) == (
+        "host h: numafleet_placements[0] (kv).near: CXL memory device 0000:c0:00.0 is on node 2, "
+        "which has no CPUs a placement can use (kind memory-only); write node: 1 (the nearest "
+        "node with CPUs) instead of near:"
+    )
+    result = plan_host("h", numa, None, [p("kv", cpus=2, near="4b:00.0")], [], POLICY)
+    assert result["placements"][0]["node"] == 1
+
+
+def test_near_a_short_address_of_two_pci_domains_is_ambiguous():
+    numa = _with_devices(synthetic(), ("0000:4b:00.0", "nic", 0), ("0001:4b:00.0", "nvme", 1))
+    with pytest.raises(PlacementError) as err:
+        plan_host("h", numa, None, [p("d", near="4b:00.0")], [], POLICY)
+    assert str(err.value) == (
+        "host h: numafleet_placements[0] (d).near: 4b:00.0 is ambiguous: it matches PCI devices "
+        "0000:4b:00.0, 0001:4b:00.0 (several PCI domains); write the full address with its "
+        "domain, e.g. 0000:4b:00.0"
+    )
+    result = plan_host("h", numa, None, [p("d", near="0001:4b:00.0")], [], POLICY)
+    assert result["placements"][0]["near"] == {"address": "0001:4b:00.0", "kind": "nvme", "node": 1}
+
+
+def test_near_on_a_host_whose_facts_list_no_pci_device():
+    for numa in (synthetic(), _with_devices(synthetic())):
+        with pytest.raises(PlacementError) as err:
+            plan_host("h", numa, None, [p("d", near="4b:00.0")], [], POLICY)
+        assert str(err.value) == (
+            "host h: numafleet_placements[0] (d).near: 4b:00.0 is not a PCI device of this host, "
+            "which lists no GPU, NIC, NVMe drive or CXL memory device "
+            "(ansible_facts.numa.pci_devices is empty); pin node: instead"
+        )
+
+
+def test_near_does_not_move_earlier_placements(machine_facts):
+    before = plan(machine_facts, H100, [p("a", gpus=2), p("b", cpus=8)])
+    after = plan(machine_facts, H100, [p("a", gpus=2), p("b", cpus=8), p("c", near="bb:00.0")])
+    assert after["placements"][:2] == before["placements"]
+    assert after["placements"][2]["node"] == 1

@@ -1,0 +1,57 @@
+"""Test workload for the QEMU test bed: allocate and touch memory, then idle until stopped.
+
+    numafleet_touch.py --anon-mib 256 [--hugepages 32] [--hugepage-kb 2048]
+
+Maps ``--anon-mib`` MiB of private anonymous memory and writes one byte into every 4 KiB page, so
+every page is faulted in under the process's NUMA memory policy. With ``--hugepages N`` it also
+maps N hugetlb pages (MAP_HUGETLB; they come from the kernel's hugepage pools, so the pool on the
+allowed node must have N free pages) and touches each of them. Then it prints one line
+``touched: anon_kb=... hugetlb_kb=...`` (the journal shows it) and sleeps until a signal ends it.
+
+Exits 2 with a message when a mapping fails (for example, no free hugepages).
+"""
+
+import argparse
+import mmap
+import signal
+import sys
+
+PAGE = mmap.PAGESIZE
+MAP_HUGETLB = getattr(
+    mmap, "MAP_HUGETLB", 0x40000
+)  # Linux x86_64 value; Python < 3.13 lacks the name
+
+
+def touch(region: mmap.mmap, size: int, step: int) -> None:
+    for offset in range(0, size, step):
+        region[offset] = 1
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
+    parser.add_argument("--anon-mib", type=int, default=256)
+    parser.add_argument("--hugepages", type=int, default=0)
+    parser.add_argument("--hugepage-kb", type=int, default=2048)
+    args = parser.parse_args(argv)
+    regions = []
+    anon = args.anon_mib * 1024 * 1024
+    if anon:
+        region = mmap.mmap(-1, anon, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        touch(region, anon, PAGE)
+        regions.append(region)
+    huge = args.hugepages * args.hugepage_kb * 1024
+    if huge:
+        try:
+            region = mmap.mmap(-1, huge, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | MAP_HUGETLB)
+        except OSError as exc:
+            print(f"numafleet_touch: cannot map {args.hugepages} hugepages: {exc}", file=sys.stderr)
+            return 2
+        touch(region, huge, args.hugepage_kb * 1024)
+        regions.append(region)
+    print(f"touched: anon_kb={anon // 1024} hugetlb_kb={huge // 1024}", flush=True)
+    while True:
+        signal.pause()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
