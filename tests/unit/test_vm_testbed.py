@@ -148,3 +148,22 @@ def test_workload_without_free_hugepages_exits_2():
     assert proc.returncode == 2
     assert "cannot map 4096 hugepages" in err
     assert out == ""
+
+
+@pytest.mark.parametrize(
+    ("line", "action"),
+    [
+        (
+            "INFO     \x1b[32mnuma_vm\x1b[0m ➜ \x1b[33mconverge\x1b[0m: \x1b[36mExecuting\x1b[0m\n",
+            "converge",
+        ),
+        ("INFO     [numa_vm > idempotence] Executing\n", "idempotence"),
+        ("INFO     [numa_vm > verify] Executing Testinfra tests found in /x/tests/...\n", None),
+        ("numa_vm ➜ create: Executed: Successful\n", None),
+    ],
+)
+def test_scenario_timer_sees_molecule_actions(line, action):
+    import run_scenario
+
+    match = run_scenario._ACTION.search(run_scenario._ANSI.sub("", line))
+    assert (match.group(1) or match.group(2) if match else None) == action

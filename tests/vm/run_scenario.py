@@ -24,7 +24,8 @@ REPORT = REPO / "reports" / "numa_vm" / "timings.json"
 SERIAL_LOG = REPO / "reports" / "numa_vm" / "guest" / "serial.log"
 SERIAL_TAIL_LINES = 80
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_ACTION = re.compile(r"(\S+) ➜ (\w+): Executing\s*$")
+# "numa_vm ➜ create: Executing" on a terminal, "[numa_vm > create] Executing" in CI logs.
+_ACTION = re.compile(r"(?:\S+ ➜ (\w+): |\[\S+ > (\w+)\] )Executing\s*$")
 # numa_vm.py's own log lines, as create.yml shows them.
 _FIGURES = {
     "image_build_s": re.compile(r"image ready in (\d+) s"),
@@ -54,7 +55,7 @@ def main(argv: list) -> int:
             plain = _ANSI.sub("", line)
             match = _ACTION.search(plain)
             if match:
-                actions.append([match.group(2), time.monotonic() - started])
+                actions.append([match.group(1) or match.group(2), time.monotonic() - started])
             for key, pattern in _FIGURES.items():
                 found = pattern.search(plain)
                 if found:
