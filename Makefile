@@ -26,7 +26,7 @@ export PATH := $(BIN):$(PATH)
 export ANSIBLE_NOCOLOR := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: bench help setup demo test lint ruff yamllint ansible-lint sanity units integration system vm vm-down changelog-lint changelog format clean
+.PHONY: bench help setup demo test lint ruff yamllint ansible-lint sanity units integration system vm vm-up vm-verify vm-login vm-down changelog-lint changelog format clean
 
 help:
 	@echo "make setup          create .venv from requirements-dev.txt and the .collections symlink"
@@ -34,6 +34,7 @@ help:
 	@echo "make test           lint + sanity + units + integration + system + vm (the CI gate)"
 	@echo "make lint|sanity|units|system|vm|changelog-lint   one layer at a time"
 	@echo "make vm             the 2-NUMA-node QEMU guest scenario (molecule numa_vm, about 10 minutes)"
+	@echo "make vm-up|vm-verify|vm-login|vm-down   the same step by step, the guest left running"
 	@echo "make bench          run benchmarks/facts.py and benchmarks/planner.py, results in benchmarks/results/"
 	@echo "make integration    ansible-test integration on a copy of the tree"
 	@echo "make format         ruff format + safe ruff fixes on plugins/ tests/ benchmarks/ .ci/"
@@ -122,7 +123,18 @@ vm: setup
 	$(BIN)/python tests/vm/numa_vm.py deps
 	$(BIN)/python tests/vm/run_scenario.py test -s numa_vm
 
-# Stops a guest left running by an interrupted `molecule converge -s numa_vm` (by its recorded PID).
+# The scenario step by step: boot + site.yml and leave the guest running; the verify stage; a root
+# shell in the guest; stop it (by its recorded PID; also after an interrupted run).
+vm-up: setup
+	$(BIN)/python tests/vm/numa_vm.py deps
+	$(BIN)/molecule converge -s numa_vm
+
+vm-verify: setup
+	$(BIN)/molecule verify -s numa_vm
+
+vm-login: setup
+	$(BIN)/molecule login -s numa_vm
+
 vm-down: setup
 	$(BIN)/molecule destroy -s numa_vm
 

@@ -64,7 +64,14 @@ def test_first_run_succeeds_on_every_host(fleet):
     assert sorted(run.stats) == fleet.hosts, run.explain()
     for host, stats in run.stats.items():
         assert stats["failures"] == 0 and stats["unreachable"] == 0, (host, stats)
-    assert run.stats["gpu-a100-01"]["changed"] == 1
+    # One changed task per apply role: pools, kernel knobs, units (handlers only print in render mode).
+    assert run.stats["gpu-a100-01"]["changed"] == 3, run.explain()
+    applied = [r["action"] for r in run.results("gpu-a100-01") if r.get("changed")]
+    assert sorted(applied) == [
+        "numafleet.tuning.numa_hugepages",
+        "numafleet.tuning.numa_kernel",
+        "numafleet.tuning.pinned_units",
+    ], applied
 
 
 def test_second_run_changes_nothing(fleet):
@@ -83,19 +90,22 @@ CONTROLLER_SIDE = {
     "ansible.builtin.assert",
     "ansible.builtin.debug",
     "ansible.builtin.fail",
+    "ansible.builtin.set_fact",
     "ansible.builtin.validate_argument_spec",
     "validate_argument_spec",
 }
 
 
-def test_modules_run_three_times_per_host(fleet):
-    """Fleet cost: two facts modules and pinned_units per host; the rest stays on the controller."""
+def test_modules_run_once_per_role_per_host(fleet):
+    """Fleet cost: two facts modules and one module per apply role; the rest stays on the controller."""
     for host in fleet.hosts:
         ran = [r["action"] for r in fleet.first.results(host) if r["status"] != "skipped"]
         remote = sorted(a for a in ran if a not in CONTROLLER_SIDE)
         assert remote == [
             "numafleet.tuning.gpu_topology_facts",
             "numafleet.tuning.numa_facts",
+            "numafleet.tuning.numa_hugepages",
+            "numafleet.tuning.numa_kernel",
             "numafleet.tuning.pinned_units",
         ], (host, ran)
 
@@ -217,6 +227,13 @@ def test_rendered_unit_lines(fleet, host, name, lines):
 
 
 NO_PLACEMENTS = ("mi300x-01", "power9-v100-01")
+# Files of the hugepages and numa_kernel roles; everything else under a render root is pinned_units'.
+HUGEPAGE_FILES = {
+    "etc/numafleet/hugepages.json",
+    f"{UNITS}/numafleet-hugepages.service",
+    "usr/local/libexec/numafleet-hugepages",
+}
+KERNEL_FILES = {"etc/sysctl.d/60-numafleet-numa.conf", "etc/tmpfiles.d/numafleet-thp.conf"}
 
 
 def test_every_host_has_a_manifest_of_what_it_owns(fleet):
@@ -226,12 +243,52 @@ def test_every_host_has_a_manifest_of_what_it_owns(fleet):
         files = fleet.rendered[host]
         manifest = json.loads(files["etc/numafleet/manifest.json"])
         owned = sorted(path.lstrip("/") for path in manifest["files"])
-        assert owned == sorted(p for p in files if p != "etc/numafleet/manifest.json"), host
+        others = HUGEPAGE_FILES | KERNEL_FILES | {"etc/numafleet/manifest.json"}
+        assert owned == sorted(p for p in files if p not in others), host
 
 
-def test_hosts_without_placements_get_no_files(fleet):
+def test_hosts_without_placements_get_kernel_settings_only(fleet):
     for host in NO_PLACEMENTS:
-        assert fleet.rendered[host] == {}, host
+        assert set(fleet.rendered[host]) <= KERNEL_FILES, host
+
+
+def _pool(fleet, host: str, node: int, size_kb: int = 2048) -> int:
+    path = (
+        fleet.base
+        / ".demo"
+        / host
+        / "sys"
+        / "devices"
+        / "system"
+        / "node"
+        / f"node{node}"
+        / "hugepages"
+        / f"hugepages-{size_kb}kB"
+        / "nr_hugepages"
+    )
+    return int(path.read_text())
+
+
+def test_hugepage_pools_are_the_plans_totals(fleet):
+    """qemu-2node-01 plans 64 x 2 MiB pages on node 1 and none on node 0 (the tree had 16/48)."""
+    assert (_pool(fleet, "qemu-2node-01", 0), _pool(fleet, "qemu-2node-01", 1)) == (0, 64)
+    state = json.loads(fleet.rendered["qemu-2node-01"]["etc/numafleet/hugepages.json"])
+    assert {(p["node"], p["size_kb"], p["count"]) for p in state["pools"]} == {
+        (0, 2048, 0),
+        (1, 2048, 64),
+    }
+    unit = fleet.rendered["qemu-2node-01"][f"{UNITS}/numafleet-hugepages.service"]
+    assert "Before=sysinit.target" in unit and "WantedBy=sysinit.target" in unit
+
+
+def test_kernel_knobs_are_set_and_persisted(fleet):
+    proc = fleet.base / ".demo" / "qemu-2node-01" / "proc" / "sys"
+    assert (proc / "kernel" / "numa_balancing").read_text().strip() == "0"  # bound placements
+    assert (proc / "vm" / "zone_reclaim_mode").read_text().strip() == "0"
+    sysctl = fleet.rendered["qemu-2node-01"]["etc/sysctl.d/60-numafleet-numa.conf"]
+    assert "kernel.numa_balancing = 0" in sysctl and "vm.zone_reclaim_mode = 0" in sysctl
+    thp = fleet.base / ".demo" / "qemu-2node-01" / "sys" / "kernel" / "mm" / "transparent_hugepage"
+    assert "[madvise]" in (thp / "enabled").read_text()
 
 
 def _edit_placement(inventory: Path, host: str, name: str, **changes) -> None:

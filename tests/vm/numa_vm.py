@@ -68,7 +68,7 @@ NODES = ({"id": 0, "cpus": "0-1", "memory": "2G"}, {"id": 1, "cpus": "2-3", "mem
 NVME_ADDRESS = "0000:81:00.0"  # bus_nr=128 on the expander bridge: root port 80:00.0, NVMe 81:00.0
 NVME_NODE = 1
 KERNEL_ARGS = "root=/dev/vda rw console=ttyS0 panic=-1 mitigations=off"
-BOOT_TIMEOUT_S = int(os.environ.get("NUMAFLEET_VM_BOOT_TIMEOUT", "480"))
+BOOT_TIMEOUT_S = 480  # NUMAFLEET_VM_BOOT_TIMEOUT overrides it
 SERIAL_TAIL_LINES = 80
 
 # Runs in the guest's root directory ($1) after the packages are installed.
@@ -443,10 +443,11 @@ def _start_ticks(pid: int) -> str | None:
     return None if fields[0] == "Z" else fields[19]
 
 
-def ssh_argv(vm: dict, *command: str) -> list:
+def ssh_argv(vm: dict, *command: str, connect_timeout: int = 30, quiet: bool = True) -> list:
+    """ssh argv for root on the guest (key of the image, no host key kept)."""
     return [
         "ssh",
-        "-q",
+        *(["-q"] if quiet else []),
         "-o",
         "BatchMode=yes",
         "-o",
@@ -454,7 +455,7 @@ def ssh_argv(vm: dict, *command: str) -> list:
         "-o",
         "UserKnownHostsFile=/dev/null",
         "-o",
-        "ConnectTimeout=30",
+        f"ConnectTimeout={connect_timeout}",
         "-i",
         vm["identity_file"],
         "-p",
@@ -475,21 +476,68 @@ def serial_tail(state: Path) -> str:
     )
 
 
+def boot_timeout_default() -> int:
+    """NUMAFLEET_VM_BOOT_TIMEOUT (seconds, default 480), checked."""
+    text = os.environ.get("NUMAFLEET_VM_BOOT_TIMEOUT", str(BOOT_TIMEOUT_S))
+    if not text.isdigit() or int(text) < 1:
+        raise VmError(
+            f"NUMAFLEET_VM_BOOT_TIMEOUT is {text!r}; give a whole number of seconds, e.g. 480"
+        )
+    return int(text)
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number of seconds")
+    return int(text)
+
+
+def read_vm(state: Path) -> dict | None:
+    """The guest recorded in STATE/vm.json, None when there is none; VmError when it is unreadable."""
+    vm_file = state / "vm.json"
+    if not vm_file.exists():
+        return None
+    try:
+        vm = json.loads(vm_file.read_text())
+        if not isinstance(vm, dict) or not isinstance(vm.get("pid"), int):
+            raise ValueError("no PID in it")
+    except (OSError, ValueError) as exc:
+        raise VmError(
+            f"{vm_file} is unreadable ({exc}); if no guest of yours runs, remove it and run up again"
+        ) from None
+    return vm
+
+
+def _running(vm: dict) -> bool:
+    """Whether vm's QEMU process still runs: the PID with the recorded start time."""
+    return vm.get("start_ticks") is not None and _start_ticks(vm["pid"]) == vm["start_ticks"]
+
+
 def cmd_up(args) -> None:
     state = Path(args.state).resolve()
     state.mkdir(parents=True, exist_ok=True)
+    timeout_s = args.timeout if args.timeout is not None else boot_timeout_default()
+    with (state / ".lock").open("w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise VmError(f"another up or down on {state} is running; wait for it") from None
+        vm = read_vm(state)
+        if vm is not None:
+            if _running(vm):
+                raise VmError(
+                    f"a guest started from {state} is still running (PID {vm['pid']}); run down first"
+                )
+            (state / "vm.json").unlink()
+        _boot(state, timeout_s, args.append)
+
+
+def _boot(state: Path, timeout_s: int, append: str) -> None:
     vm_file = state / "vm.json"
-    if vm_file.exists():
-        vm = json.loads(vm_file.read_text())
-        if _start_ticks(vm["pid"]) == vm["start_ticks"]:
-            raise VmError(
-                f"a guest started from {state} is still running (PID {vm['pid']}); run down first"
-            )
-        vm_file.unlink()
     image = build_image()
     accel = choose_accel(image)
     port = _free_port()
-    argv = qemu_argv(image, state, port, accel, args.append)
+    argv = qemu_argv(image, state, port, accel, append)
     (state / "serial.log").unlink(missing_ok=True)
     qemu_log = state / "qemu.log"
     started = time.monotonic()
@@ -516,38 +564,65 @@ def cmd_up(args) -> None:
         "nvme": {"address": NVME_ADDRESS, "node": NVME_NODE},
     }
     vm_file.write_text(json.dumps(vm, indent=2) + "\n")
-    log(f"booting ({accel}) PID {proc.pid}, ssh on 127.0.0.1:{port}, timeout {args.timeout} s")
-    deadline = started + args.timeout
+    log(f"booting ({accel}) PID {proc.pid}, ssh on 127.0.0.1:{port}, timeout {timeout_s} s")
+    deadline = started + timeout_s
+    try:
+        system_state = _wait_until_up(vm, proc, deadline, timeout_s, qemu_log)
+    except BaseException:  # a failed boot, a timeout or Ctrl-C: never leave the guest behind
+        _stop(vm)
+        vm_file.unlink(missing_ok=True)
+        raise
+    ssh_s = vm.pop("_ssh_s")
+    vm.update(boot_to_ssh_s=round(ssh_s, 1), boot_to_running_s=round(time.monotonic() - started, 1))
+    vm_file.write_text(json.dumps(vm, indent=2) + "\n")
+    log(
+        f"guest up: ssh after {ssh_s:.0f} s, systemd {system_state} after {vm['boot_to_running_s']:.0f} s"
+    )
+    print(json.dumps({key: vm[key] for key in ("address", "port", "user", "identity_file", "pid")}))
+
+
+def _wait_until_up(vm: dict, proc, deadline: float, timeout_s: int, qemu_log: Path) -> str:
+    """Wait for ssh, then for systemd; the system state. VmError (with the console) on failure."""
+    state = qemu_log.parent
+    started = deadline - timeout_s
+    timed_out = VmError(
+        f"the guest did not come up on 127.0.0.1:{vm['port']} within {timeout_s} s "
+        f"(--timeout or NUMAFLEET_VM_BOOT_TIMEOUT); stopped it\n{serial_tail(state)}"
+    )
     while True:
         if proc.poll() is not None:
-            vm_file.unlink(missing_ok=True)
             raise VmError(
                 f"QEMU exited with {proc.returncode} before ssh answered:\n"
                 f"{qemu_log.read_text(errors='replace')[-2000:]}\n{serial_tail(state)}"
             )
-        probe = subprocess.run(ssh_argv(vm, "true"), capture_output=True, check=False, timeout=60)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise timed_out
+        try:
+            probe = subprocess.run(
+                ssh_argv(vm, "true", connect_timeout=min(30, max(1, int(left)))),
+                capture_output=True,
+                check=False,
+                timeout=left + 5,
+            )
+        except subprocess.TimeoutExpired:
+            raise timed_out from None
         if probe.returncode == 0:
             break
-        if time.monotonic() > deadline:
-            _stop(vm)
-            vm_file.unlink(missing_ok=True)
-            raise VmError(
-                f"the guest did not answer ssh on 127.0.0.1:{port} within {args.timeout} s "
-                f"(NUMAFLEET_VM_BOOT_TIMEOUT); stopped it\n{serial_tail(state)}"
-            )
-        time.sleep(3)
-    ssh_s = time.monotonic() - started
-    ready = subprocess.run(
-        ssh_argv(vm, "systemctl", "is-system-running", "--wait"),
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=max(60, deadline - time.monotonic()),
-    )
+        time.sleep(min(3, max(0, deadline - time.monotonic())))
+    vm["_ssh_s"] = time.monotonic() - started
+    try:
+        ready = subprocess.run(
+            ssh_argv(vm, "systemctl", "is-system-running", "--wait"),
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=max(60, deadline - time.monotonic()),
+        )
+    except subprocess.TimeoutExpired:
+        raise timed_out from None
     system_state = ready.stdout.strip()
     if system_state not in ("running", "degraded"):
-        _stop(vm)
-        vm_file.unlink(missing_ok=True)
         raise VmError(
             f"the guest's systemd reports {system_state!r}; stopped it\n{serial_tail(state)}"
         )
@@ -557,48 +632,52 @@ def cmd_up(args) -> None:
             capture_output=True,
             text=True,
             check=False,
+            timeout=120,
         )
         log(f"guest is degraded; failed units:\n{failed.stdout}")
-    vm.update(boot_to_ssh_s=round(ssh_s, 1), boot_to_running_s=round(time.monotonic() - started, 1))
-    vm_file.write_text(json.dumps(vm, indent=2) + "\n")
-    log(
-        f"guest up: ssh after {ssh_s:.0f} s, systemd {system_state} after {vm['boot_to_running_s']:.0f} s"
-    )
-    print(json.dumps({key: vm[key] for key in ("address", "port", "user", "identity_file", "pid")}))
+    return system_state
 
 
 def _stop(vm: dict) -> bool:
     """Stop the QEMU process of vm (only if PID and start time still match); True if it ran."""
     pid = vm["pid"]
-    if _start_ticks(pid) != vm.get("start_ticks"):
+    if not _running(vm):
         return False
     os.kill(pid, signal.SIGTERM)
     for dummy in range(100):
-        if _start_ticks(pid) != vm.get("start_ticks"):
+        if not _running(vm):
             return True
         time.sleep(0.1)
-    if _start_ticks(pid) == vm.get("start_ticks"):
+    if _running(vm):
         os.kill(pid, signal.SIGKILL)
     return True
 
 
 def cmd_down(args) -> None:
-    vm_file = Path(args.state).resolve() / "vm.json"
-    if not vm_file.exists():
-        log(f"no guest recorded in {vm_file}; nothing to stop")
+    state = Path(args.state).resolve()
+    vm = read_vm(state)
+    if vm is None:
+        log(f"no guest recorded in {state / 'vm.json'}; nothing to stop")
         return
-    vm = json.loads(vm_file.read_text())
     stopped = _stop(vm)
-    vm_file.unlink()
-    log(f"stopped PID {vm['pid']}" if stopped else f"PID {vm['pid']} had already ended")
+    (state / "vm.json").unlink()
+    log(
+        f"stopped PID {vm['pid']}"
+        if stopped
+        else f"PID {vm['pid']} is no longer the guest (it ended, or the PID was reused); nothing stopped"
+    )
 
 
 def cmd_ssh(args) -> None:
-    vm_file = Path(args.state).resolve() / "vm.json"
-    if not vm_file.exists():
-        raise VmError(f"no guest recorded in {vm_file}; run up first")
-    vm = json.loads(vm_file.read_text())
-    os.execvp("ssh", ssh_argv(vm, *args.command))
+    state = Path(args.state).resolve()
+    vm = read_vm(state)
+    if vm is None:
+        raise VmError(f"no guest recorded in {state / 'vm.json'}; run up first")
+    if not _running(vm) or "identity_file" not in vm or "port" not in vm:
+        raise VmError(
+            f"the guest recorded in {state / 'vm.json'} is not running; run down, then up"
+        )
+    os.execvp("ssh", ssh_argv(vm, *args.command, quiet=False))
 
 
 def main(argv=None) -> int:
@@ -617,7 +696,12 @@ def main(argv=None) -> int:
         default="",
         help="extra kernel command line, e.g. 'hugepagesz=2M hugepages=1:64'",
     )
-    up.add_argument("--timeout", type=int, default=BOOT_TIMEOUT_S, help="seconds to wait for ssh")
+    up.add_argument(
+        "--timeout",
+        type=_positive,
+        default=None,
+        help="seconds to wait for ssh and systemd (default NUMAFLEET_VM_BOOT_TIMEOUT, else 480)",
+    )
     up.set_defaults(func=cmd_up)
     down = sub.add_parser("down", help="stop the guest started from STATE")
     down.add_argument("--state", required=True)
@@ -637,6 +721,9 @@ def main(argv=None) -> int:
     except subprocess.TimeoutExpired as exc:
         log(f"timed out: {shlex.join(exc.cmd)}")
         return 1
+    except KeyboardInterrupt:
+        log("interrupted")
+        return 130
     return 0
 
 

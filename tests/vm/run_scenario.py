@@ -41,6 +41,8 @@ def main(argv: list) -> int:
     started = time.monotonic()
     actions: list = []
     figures: dict = {}
+    REPORT.unlink(missing_ok=True)
+    interrupted = False
     with subprocess.Popen(
         [molecule, *args],
         cwd=REPO,
@@ -50,17 +52,27 @@ def main(argv: list) -> int:
         text=True,
         bufsize=1,
     ) as proc:
-        for line in proc.stdout:
-            sys.stdout.write(line)
-            plain = _ANSI.sub("", line)
-            match = _ACTION.search(plain)
-            if match:
-                actions.append([match.group(1) or match.group(2), time.monotonic() - started])
-            for key, pattern in _FIGURES.items():
-                found = pattern.search(plain)
-                if found:
-                    figures[key] = int(found.group(1))
-        status = proc.wait()
+        try:
+            for line in proc.stdout:
+                sys.stdout.write(line)
+                plain = _ANSI.sub("", line)
+                match = _ACTION.search(plain)
+                if match:
+                    actions.append([match.group(1) or match.group(2), time.monotonic() - started])
+                for key, pattern in _FIGURES.items():
+                    found = pattern.search(plain)
+                    if found:
+                        figures[key] = int(found.group(1))
+            status = proc.wait()
+        except KeyboardInterrupt:
+            # Ctrl-C reached molecule too, which stops without its destroy step: the guest
+            # (its own session, by design) would keep running. Stop it here.
+            interrupted = True
+            proc.wait()
+            status = 130
+    if interrupted:
+        print("\nnuma_vm scenario interrupted: stopping the guest (molecule destroy)", flush=True)
+        subprocess.run([molecule, "destroy", "-s", "numa_vm"], cwd=REPO, env=env, check=False)
     total = time.monotonic() - started
     rows = []
     for index, (name, start) in enumerate(actions):

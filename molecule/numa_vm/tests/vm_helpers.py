@@ -21,7 +21,7 @@ EXPECTED = {
     "numa-bound": {"cpus": "2-3", "mems": "1", "node": 1, "hugepages": 32},
     "cpu-only": {"cpus": "1", "mems": "0", "node": 0, "hugepages": 0},
 }
-HUGEPAGE_POOLS = {0: 0, 1: 32}  # reserved at boot, 2 MiB pages (NUMAFLEET_VM_APPEND)
+HUGEPAGE_POOLS = {0: 0, 1: 32}  # 2 MiB pages per node, as the plan asks (hugepages role)
 
 _figures: dict = {}
 
@@ -93,6 +93,28 @@ def wait_until_touched(host, name: str, timeout_s: float = 240) -> int:
                 return main_pid(host, name)
         time.sleep(3)
     raise AssertionError(f"{unit(name)} did not log 'touched:' within {timeout_s} s")
+
+
+def run_ansible(*args: str, timeout_s: int = 600) -> subprocess.CompletedProcess:
+    """`ansible numa-vm ARGS...` (an ad-hoc module run) against the guest, with the checkout's config."""
+    return subprocess.run(
+        [str(REPO / ".venv" / "bin" / "ansible"), "-i", INVENTORY, HOST, *args],
+        cwd=REPO,
+        env=dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1"),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=timeout_s,
+    )
+
+
+def ad_hoc_message(output: str) -> str:
+    """The `msg` of an ad-hoc run's result (`numa-vm | FAILED! => {...}`), else the whole output."""
+    _, arrow, rest = output.partition("=> ")
+    try:
+        return json.loads(rest)["msg"] if arrow else output
+    except (ValueError, KeyError, TypeError):
+        return output
 
 
 def run_verify(report_dir: Path) -> tuple:

@@ -1,0 +1,335 @@
+#!/usr/bin/python
+# Copyright: numafleet.tuning contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: numa_hugepages
+short_description: Set hugepage pools per NUMA node, read them back, and keep them across reboots
+version_added: 0.2.0
+author: numafleet.tuning contributors (@numafleet)
+description:
+  - Writes the total of each managed hugepage pool of each NUMA node to
+    C(<sysfs_root>/devices/system/node/node<N>/hugepages/hugepages-<size>kB/nr_hugepages) and reads
+    it back. It reads C(nr_hugepages), C(free_hugepages) and C(surplus_hugepages) of the same
+    directories first, and C(<procfs_root>/sys/kernel/osrelease) when pages are reserved at boot.
+  - The managed page sizes are the sizes named in O(pools) plus the sizes the state file of an
+    earlier run records as managed, so that a size that leaves O(pools) goes back to 0 pages. For a
+    managed size, every node without an entry in O(pools) wants 0 pages.
+  - A pool is never shrunk below its pages in use (C(nr_hugepages) - C(free_hugepages)); it is
+    set to the pages in use instead and RV(warnings) says so.
+  - When the kernel grants a pool other than the total written (a short grant, when the node's
+    free memory is too small or too fragmented), every pool written in this run is restored to its
+    previous total and the module fails with the requested and granted pages per node; nothing
+    changes. The message suggests reserving the pages at boot (O(boot_reserve_sizes_kb)).
+  - The totals are kept across reboots below O(root) by C(/etc/numafleet/hugepages.json) (per-node
+    totals and managed sizes; the module's state file), a small Python 3 program
+    C(/usr/local/libexec/numafleet-hugepages) that applies that file, reads each pool back and
+    exits 1 on a short grant, and the oneshot unit C(/etc/systemd/system/numafleet-hugepages.service)
+    that runs it early at boot (before C(sysinit.target), so before every service).
+  - Sizes in O(boot_reserve_sizes_kb) are reserved on the kernel command line instead, with the
+    per-node syntax C(hugepagesz=1G hugepages=0:4,1:4) (Linux 5.16 or newer), and are never
+    written at runtime. With O(bootloader=grub_d) the arguments go to
+    C(/etc/default/grub.d/60-numafleet-hugepages.cfg); with O(bootloader=grubby) they are returned
+    as RV(grubby_argvs) for the caller to run; with O(bootloader=none) they are only returned in
+    RV(kernel_args). RV(reboot_required) is true when the command line changed.
+  - The module runs no command. Reloading systemd, enabling the unit, C(update-grub), C(grubby) and
+    rebooting are the caller's, see RV(would_run) and the role C(numafleet.tuning.hugepages).
+options:
+  pools:
+    description:
+      - Desired pool totals, one entry per node and page size. Entries for the same node and size
+        add up, so the pages of several placements can be listed one by one.
+      - An empty list releases the sizes an earlier run managed (back to 0 pages, or to the pages
+        in use).
+    type: list
+    elements: dict
+    required: true
+    suboptions:
+      node:
+        description: NUMA node id, as in C(/sys/devices/system/node/node<N>).
+        type: int
+        required: true
+      size_kb:
+        description: Page size in kB, V(2048) for 2 MiB or V(1048576) for 1 GiB pages.
+        type: int
+        required: true
+      count:
+        description: Pages wanted in this node's pool, in total (not added to what is there).
+        type: int
+        required: true
+  root:
+    description:
+      - Directory that stands for C(/) of the host; the state file, the boot program, the unit and
+        the GRUB drop-in are read and written below it.
+      - Set it to a scratch directory to render the files without touching the host's C(/etc)
+        (render mode), together with O(service_manager=none). The pools are still written to
+        O(sysfs_root).
+    type: path
+    default: /
+  service_manager:
+    description:
+      - V(systemd) on a host whose unit the caller reloads and enables; V(none) in render mode.
+      - The module runs no command either way; RV(would_run) lists what the caller has to run.
+    type: str
+    choices: [systemd, none]
+    default: systemd
+  boot_reserve_sizes_kb:
+    description:
+      - Page sizes (kB) reserved on the kernel command line instead of at runtime, for example
+        V([1048576]) for 1 GiB pages, which a running host can rarely find contiguous memory for.
+      - Needs Linux 5.16 or newer (per-node C(hugepages=<node>:<count>)); older kernels fail with
+        a message.
+    type: list
+    elements: int
+    default: []
+  bootloader:
+    description:
+      - How the kernel command line of O(boot_reserve_sizes_kb) is made permanent.
+      - V(grub_d) writes C(/etc/default/grub.d/60-numafleet-hugepages.cfg) (Debian, Ubuntu; run
+        C(update-grub) afterwards). V(grubby) returns RV(grubby_argvs) (RHEL). V(none) only returns
+        RV(kernel_args).
+      - V(auto) picks V(grubby) when C(grubby) exists below O(root), else V(grub_d) when
+        C(/etc/default/grub) or C(update-grub) does, and fails otherwise. It is only consulted when
+        there are kernel arguments to add or remove.
+    type: str
+    choices: [auto, grub_d, grubby, none]
+    default: auto
+extends_documentation_fragment:
+  - numafleet.tuning.roots
+  - numafleet.tuning._attributes
+attributes:
+  check_mode:
+    support: full
+    details: In check mode the pools and files are read and the change computed; nothing is written.
+  diff_mode:
+    support: full
+    details:
+      - The diff holds the per-node totals that change (C(node1 2048kB), before and after), then
+        one entry per file that is created, changed or removed.
+  idempotent:
+    support: full
+requirements:
+  - Root on the target (sysfs pool files are writable by root only).
+  - C(/usr/bin/python3) on the target for the boot program.
+notes:
+  - A pool kept above its desired total because its pages are in use is shrunk by the next run
+    after the services holding them stopped. At boot the program writes the desired totals.
+  - The boot program writes the totals at every boot; pools of a managed size set by other means
+    (C(vm.nr_hugepages), C(hugepages=) without a node) are overridden per node.
+  - With O(bootloader=grubby), only one page size can be reserved at boot (grubby keeps one value
+    per argument name).
+  - RV(reboot_required) is true in the run that changes the command line; a later run does not
+    repeat it.
+seealso:
+  - module: numafleet.tuning.numa_facts
+  - module: numafleet.tuning.numa_plan
+"""
+
+EXAMPLES = r"""
+- name: Reserve 2 MiB pages on both nodes of a host
+  numafleet.tuning.numa_hugepages:
+    pools:
+      - {node: 0, size_kb: 2048, count: 512}
+      - {node: 1, size_kb: 2048, count: 8192}
+  register: hugepages
+
+- name: Show the pools that were kept because their pages are in use
+  ansible.builtin.debug:
+    var: hugepages.warnings
+
+- name: Reserve 1 GiB pages at boot through GRUB, and 2 MiB pages at runtime
+  numafleet.tuning.numa_hugepages:
+    pools:
+      - {node: 0, size_kb: 1048576, count: 4}
+      - {node: 1, size_kb: 1048576, count: 4}
+      - {node: 1, size_kb: 2048, count: 1024}
+    boot_reserve_sizes_kb: [1048576]
+    bootloader: grub_d
+  register: hugepages_boot
+
+- name: Render the persistence files of a recorded host into a scratch directory
+  numafleet.tuning.numa_hugepages:
+    pools: "{{ numafleet_plan.placements | map(attribute='hugepages') | select | list }}"
+    sysfs_root: /srv/captures/gpu-01/sys
+    procfs_root: /srv/captures/gpu-01/proc
+    root: /srv/render/gpu-01
+    service_manager: none
+"""
+
+RETURN = r"""
+pools:
+  description:
+    - Every managed pool of every node that has one, sorted by node and size, before and after
+      this run (or as it would be, in check mode).
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    node:
+      description: NUMA node id.
+      returned: always
+      type: int
+      sample: 1
+    size_kb:
+      description: Page size in kB.
+      returned: always
+      type: int
+      sample: 2048
+    before:
+      description: Pages in the pool (C(nr_hugepages)) before the run.
+      returned: always
+      type: int
+      sample: 48
+    after:
+      description:
+        - Pages in the pool after the run, max(RV(pools[].desired), RV(pools[].in_use)).
+        - For a size reserved at boot, the pages the next boot reserves.
+      returned: always
+      type: int
+      sample: 32
+    desired:
+      description: Pages asked for (0 for a node without an entry in O(pools)).
+      returned: always
+      type: int
+      sample: 8
+    in_use:
+      description: Pages in use before the run, C(nr_hugepages) - C(free_hugepages).
+      returned: always
+      type: int
+      sample: 32
+    boot:
+      description: Whether the size is reserved on the kernel command line (not written at runtime).
+      returned: always
+      type: bool
+      sample: false
+warnings:
+  description: One line per pool kept above its desired total because its pages are in use.
+  returned: always
+  type: list
+  elements: str
+  sample:
+    - "node 1, 2048 kB pages: 32 in use, 8 desired; the pool is kept at 32 instead of shrinking
+      below the pages in use: stop the services holding them, then run again"
+files:
+  description: The persistence files, as on the host (below O(root)), with what happened to each.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    path:
+      description: Path of the file as on the host.
+      returned: always
+      type: str
+      sample: /etc/numafleet/hugepages.json
+    state:
+      description: V(create), V(update), V(remove) or V(unchanged).
+      returned: always
+      type: str
+      sample: create
+reload_needed:
+  description: Whether the unit file was (or would be) created or changed, so that systemd must
+    reload and the unit be enabled.
+  returned: always
+  type: bool
+  sample: true
+reboot_required:
+  description: Whether the kernel command line of the boot-reserved sizes changed in this run.
+  returned: always
+  type: bool
+  sample: false
+kernel_args:
+  description: The kernel command line arguments that reserve the boot-reserved sizes per node.
+  returned: always
+  type: list
+  elements: str
+  sample: [hugepagesz=1G, "hugepages=0:4,1:4"]
+kernel_args_removed:
+  description: The arguments of the previous run, to remove from the command line when it changed.
+  returned: always
+  type: list
+  elements: str
+  sample: []
+bootloader:
+  description: The bootloader handling used (V(grub_d), V(grubby) or V(none)), O(bootloader) resolved.
+  returned: always
+  type: str
+  sample: grub_d
+grubby_argvs:
+  description: The C(grubby) commands (argv lists) that make the command line change permanent.
+  returned: always
+  type: list
+  elements: list
+  sample: [[grubby, --update-kernel=ALL, "--args=hugepagesz=1G hugepages=0:4,1:4"]]
+handler_enable:
+  description:
+    - Whether the caller has to reload systemd and enable C(numafleet-hugepages.service) now, that
+      is RV(reload_needed) outside check mode and with O(service_manager=systemd).
+  returned: always
+  type: bool
+  sample: true
+would_run:
+  description:
+    - The commands the caller has to run after this change, in order (C(systemctl daemon-reload),
+      C(systemctl enable numafleet-hugepages.service), C(update-grub) or C(grubby)), whatever
+      O(service_manager) and check mode. The module itself runs none of them.
+  returned: always
+  type: list
+  elements: str
+  sample: [systemctl daemon-reload, systemctl enable numafleet-hugepages.service]
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import hugepages
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import NumaTuneError
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=dict(
+            pools=dict(
+                type="list",
+                elements="dict",
+                required=True,
+                options=dict(
+                    node=dict(type="int", required=True),
+                    size_kb=dict(type="int", required=True),
+                    count=dict(type="int", required=True),
+                ),
+            ),
+            sysfs_root=dict(type="path", default="/sys"),
+            procfs_root=dict(type="path", default="/proc"),
+            root=dict(type="path", default="/"),
+            service_manager=dict(type="str", choices=["systemd", "none"], default="systemd"),
+            boot_reserve_sizes_kb=dict(type="list", elements="int", default=[]),
+            bootloader=dict(
+                type="str", choices=["auto", "grub_d", "grubby", "none"], default="auto"
+            ),
+        ),
+        supports_check_mode=True,
+    )
+    params = module.params
+    try:
+        plan = hugepages.plan_hugepages(
+            pools=params["pools"],
+            sysfs_root=params["sysfs_root"],
+            procfs_root=params["procfs_root"],
+            root=params["root"],
+            service_manager=params["service_manager"],
+            boot_reserve_sizes_kb=params["boot_reserve_sizes_kb"],
+            bootloader=params["bootloader"],
+        )
+        if not module.check_mode:
+            hugepages.apply_hugepages(plan)
+    except NumaTuneError as exc:
+        module.fail_json(msg=str(exc))
+    result = plan.as_result(module.check_mode, module._diff)
+    for warning in result.pop("warnings"):
+        module.warn(warning)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,749 @@
+"""hugepages.py: desired totals, delta, in-use refusal, read-back and rollback, boot persistence."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import hugepages as hp
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import NumaTuneError
+
+SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
+M2, G1 = 2048, 1048576
+QEMU = "qemu-2node-pxb"  # real 2-node guest: 2 MiB pools node0 16/16 free, node1 48/16 free
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+
+def pool_path(sysfs, node, size, name="nr_hugepages"):
+    return os.path.join(hp.pool_dir(str(sysfs), node, size), name)
+
+
+def read_int(path) -> int:
+    with open(path, encoding="ascii") as handle:
+        return int(handle.read().strip())
+
+
+def write_int(path, value) -> None:
+    with open(path, "w", encoding="ascii") as handle:
+        handle.write(f"{value}\n")
+
+
+def kernel(grant=None, fail=None):
+    """A writer that behaves like the kernel on a scratch tree: pages in use stay in use.
+
+    ``grant(node_dir, requested, before) -> granted`` makes the kernel give less; ``fail(path)``
+    returning True raises OSError like a refused write. free_hugepages follows nr_hugepages.
+    """
+    calls = []
+
+    def write(path, value):
+        calls.append((path, value))
+        if fail and fail(path, value):
+            raise OSError(12, "Cannot allocate memory")
+        base = os.path.dirname(path)
+        before = read_int(path)
+        in_use = before - read_int(os.path.join(base, "free_hugepages"))
+        granted = value if grant is None else grant(base, value, before)
+        granted = max(granted, in_use)
+        write_int(path, granted)
+        write_int(os.path.join(base, "free_hugepages"), granted - in_use)
+
+    write.calls = calls
+    return write
+
+
+def make_tree(tmp_path, pools, release=None, nodes=(0, 1)):
+    """A minimal sysfs/procfs tree: pools {(node, size): (total, free)}; nodes without pools too."""
+    sysfs, procfs = tmp_path / "sys", tmp_path / "proc"
+    (sysfs / "devices" / "system" / "cpu").mkdir(parents=True)
+    procfs.mkdir()
+    for node in nodes:
+        (sysfs / "devices" / "system" / "node" / f"node{node}").mkdir(parents=True)
+    for (node, size), (total, free) in pools.items():
+        base = tmp_path / hp.pool_dir("sys", node, size)
+        base.mkdir(parents=True, exist_ok=True)
+        (base / "nr_hugepages").write_text(f"{total}\n")
+        (base / "free_hugepages").write_text(f"{free}\n")
+        (base / "surplus_hugepages").write_text("0\n")
+    if release:
+        (procfs / "sys" / "kernel").mkdir(parents=True)
+        (procfs / "sys" / "kernel" / "osrelease").write_text(release + "\n")
+    return str(sysfs), str(procfs)
+
+
+def qemu(fixture_root, release=None):
+    fsroot = fixture_root(QEMU, writable=True)
+    if release:
+        os.makedirs(f"{fsroot}/proc/sys/kernel", exist_ok=True)
+        with open(f"{fsroot}/proc/sys/kernel/osrelease", "w", encoding="ascii") as handle:
+            handle.write(release + "\n")
+    return f"{fsroot}/sys", f"{fsroot}/proc"
+
+
+def snapshot(*dirs) -> dict:
+    """{path: (bytes, mode)} of every file below dirs, to prove nothing was written."""
+    out = {}
+    for top in dirs:
+        for base, dummy, files in os.walk(top):
+            for name in files:
+                path = os.path.join(base, name)
+                if os.path.islink(path):  # recorded trees keep sysfs links, some dangling
+                    out[path] = (os.readlink(path), None)
+                    continue
+                with open(path, "rb") as handle:
+                    out[path] = (handle.read(), os.stat(path).st_mode)
+    return out
+
+
+def plan(sysfs, procfs, root, pools, **kwargs):
+    return hp.plan_hugepages(pools, sysfs, procfs, str(root), **kwargs)
+
+
+def pools_of(*entries):
+    return [{"node": n, "size_kb": s, "count": c} for n, s, c in entries]
+
+
+# --- input -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pools", "want"),
+    [
+        ([], {}),
+        (pools_of((1, M2, 8), (0, M2, 4)), {(0, M2): 4, (1, M2): 8}),
+        (pools_of((0, M2, 4), (0, M2, 6), (0, G1, 1)), {(0, M2): 10, (0, G1): 1}),
+        (pools_of((0, M2, 0)), {(0, M2): 0}),
+    ],
+)
+def test_parse_pools_sums_the_same_pool(pools, want):
+    assert hp.parse_pools(pools) == want
+
+
+@pytest.mark.parametrize(
+    ("pools", "fragment"),
+    [
+        ({"node": 0}, "pools: {'node': 0} is not a list"),
+        (["2M"], "pools[0]: '2M' is not a mapping"),
+        (pools_of((-1, M2, 4)), "pools[0].node is -1; it must be a whole number of at least 0"),
+        (pools_of((0, 0, 4)), "pools[0].size_kb is 0"),
+        (pools_of((0, M2, 1), (0, M2, -4)), "pools[1].count is -4"),
+        ([{"node": True, "size_kb": M2, "count": 1}], "pools[0].node is True"),
+        ([{"node": 0, "size_kb": "2M", "count": 1}], "2048 for 2 MiB, 1048576 for 1 GiB"),
+    ],
+)
+def test_parse_pools_refuses_bad_entries(pools, fragment):
+    with pytest.raises(hp.HugepageError) as err:
+        hp.parse_pools(pools)
+    assert fragment in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("size", "text"), [(M2, "2M"), (G1, "1G"), (64, "64K"), (16384, "16M"), (16 * G1, "16G")]
+)
+def test_format_size(size, text):
+    assert hp.format_size(size) == text
+
+
+@pytest.mark.parametrize(
+    ("desired", "sizes", "args"),
+    [
+        ({(0, G1): 4, (1, G1): 4}, [G1], ["hugepagesz=1G", "hugepages=0:4,1:4"]),
+        ({(1, G1): 2, (0, G1): 0}, [G1], ["hugepagesz=1G", "hugepages=1:2"]),
+        ({(0, G1): 0, (1, G1): 0}, [G1], []),
+        ({(0, M2): 512, (0, G1): 1}, [G1], ["hugepagesz=1G", "hugepages=0:1"]),
+        (
+            {(0, M2): 512, (0, G1): 1},
+            [M2, G1],
+            ["hugepagesz=2M", "hugepages=0:512", "hugepagesz=1G", "hugepages=0:1"],
+        ),
+    ],
+)
+def test_kernel_args_per_node_syntax(desired, sizes, args):
+    assert hp.kernel_args(desired, sizes) == args
+
+
+@pytest.mark.parametrize(
+    ("text", "release"),
+    [("6.1.0-18-amd64\n", (6, 1)), ("5.16.0", (5, 16)), ("4.18.0-513.el8.x86_64", (4, 18))],
+)
+def test_parse_kernel_release(text, release):
+    assert hp.parse_kernel_release(text) == release
+
+
+@pytest.mark.parametrize(
+    ("release", "ok"), [((5, 15), False), ((4, 18), False), ((5, 16), True), ((6, 1), True)]
+)
+def test_kernel_version_gate(release, ok):
+    args = ["hugepagesz=1G", "hugepages=0:4"]
+    if ok:
+        hp.check_kernel(release, args)
+    else:
+        with pytest.raises(hp.HugepageError) as err:
+            hp.check_kernel(release, args)
+        assert f"the kernel is {release[0]}.{release[1]}" in str(err.value)
+        assert "need Linux 5.16 or newer" in str(err.value)
+    hp.check_kernel((3, 10), [])  # nothing reserved at boot: any kernel
+
+
+# --- delta -------------------------------------------------------------------------------------
+
+
+def cur(**pools):
+    """{(node, size): Pool} from n0_2048=(total, free) keywords."""
+    out = {}
+    for key, (total, free) in pools.items():
+        node, size = key[1:].split("_")
+        out[(int(node), int(size))] = hp.Pool(int(node), int(size), total, free, 0)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("current", "desired", "boot", "want", "warned"),
+    [
+        # grow one node; the unlisted node of the managed size goes to 0
+        (
+            cur(n0_2048=(16, 16), n1_2048=(4, 4)),
+            {(0, M2): 32},
+            (),
+            [(0, M2, 16, 32, 0), (1, M2, 4, 0, 0)],
+            [],
+        ),
+        # already as wanted: no change
+        (cur(n0_2048=(32, 10), n1_2048=(0, 0)), {(0, M2): 32}, (), [(0, M2, 32, 32, 22)], []),
+        # shrink below in use: kept at in use, warned
+        (
+            cur(n0_2048=(16, 16), n1_2048=(48, 16)),
+            {(0, M2): 16, (1, M2): 8},
+            (),
+            [(0, M2, 16, 16, 0), (1, M2, 48, 32, 32)],
+            [1],
+        ),
+        # shrink to exactly the pages in use: no warning
+        (cur(n0_2048=(48, 16)), {(0, M2): 32}, (), [(0, M2, 48, 32, 32)], []),
+        # a boot-reserved size is planned as desired, never kept for pages in use
+        (cur(n0_1048576=(2, 0)), {(0, G1): 1}, (G1,), [(0, G1, 2, 1, 2)], []),
+    ],
+)
+def test_plan_pools_delta(current, desired, boot, want, warned):
+    sizes = sorted({size for (dummy, size) in current} | {size for (dummy, size) in desired})
+    changes, warnings = hp.plan_pools([0, 1], current, desired, sizes, boot)
+    got = [(c.node, c.size_kb, c.before, c.after, c.in_use) for c in changes if c.before or c.after]
+    assert got == [entry for entry in want if entry[2] or entry[3]]
+    assert [int(w.split(",")[0].split()[1]) for w in warnings] == warned
+    for warning in warnings:
+        assert "stop the services holding them, then run again" in warning
+
+
+def test_in_use_warning_names_node_size_in_use_and_desired():
+    dummy, warnings = hp.plan_pools([1], cur(n1_2048=(48, 16)), {(1, M2): 8}, [M2], ())
+    assert warnings == [
+        "node 1, 2048 kB pages: 32 in use, 8 desired; the pool is kept at 32 instead of "
+        "shrinking below the pages in use: stop the services holding them, then run again"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("desired", "fragment"),
+    [
+        ({(7, M2): 4}, "pools: node 7 does not exist on this host (NUMA nodes: 0, 1)"),
+        ({(1, G1): 4}, "pools: node 1 has no 1048576 kB hugepage pool"),
+        ({(0, 64): 1}, "node0/hugepages/hugepages-64kB is missing"),
+    ],
+)
+def test_unknown_node_or_size_is_an_error(desired, fragment):
+    with pytest.raises(hp.HugepageError) as err:
+        hp.plan_pools([0, 1], cur(n0_2048=(0, 0), n1_2048=(0, 0)), desired, [M2, G1, 64], ())
+    assert fragment in str(err.value)
+
+
+def test_unknown_size_message_lists_the_pools_the_kernel_has(fixture_root, tmp_path):
+    sysfs, procfs = qemu(fixture_root)
+    with pytest.raises(hp.HugepageError) as err:
+        plan(sysfs, procfs, tmp_path, pools_of((1, 16384, 2)))
+    assert "node 1 has no 16384 kB hugepage pool" in str(err.value)
+    assert "pools of that node: 2048 kB, 1048576 kB" in str(err.value)
+
+
+def test_a_node_without_the_pool_is_skipped_when_it_wants_none():
+    """A memory-less node has no pools: not an error unless pages are asked of it."""
+    changes, dummy = hp.plan_pools([0, 1], cur(n0_2048=(0, 0)), {(0, M2): 4, (1, M2): 0}, [M2], ())
+    assert [(c.node, c.after) for c in changes] == [(0, 4)]
+
+
+# --- runtime writes: read-back, short grant, rollback ------------------------------------------
+
+
+def test_write_pools_shrinks_first_and_reads_back(tmp_path):
+    sysfs, procfs = make_tree(tmp_path, {(0, M2): (16, 16), (1, M2): (48, 48)})
+    nodes, current, dummy = hp.read_pools(sysfs, procfs, [M2])
+    changes, dummy = hp.plan_pools(nodes, current, {(0, M2): 64, (1, M2): 8}, [M2], ())
+    writer = kernel()
+    written = hp.write_pools(sysfs, changes, writer)
+    assert [(c.node, c.after) for c in written] == [(1, 8), (0, 64)]
+    assert [value for dummy, value in writer.calls] == [8, 64]
+    assert read_int(pool_path(sysfs, 0, M2)) == 64
+    assert read_int(pool_path(sysfs, 1, M2)) == 8
+
+
+def test_short_grant_restores_every_pool_written_and_fails(tmp_path):
+    sysfs, procfs = make_tree(
+        tmp_path, {(0, M2): (16, 16), (1, M2): (48, 16), (0, G1): (0, 0), (1, G1): (0, 0)}
+    )
+    before = snapshot(sysfs)
+    nodes, current, dummy = hp.read_pools(sysfs, procfs, [M2])
+    desired = {(0, M2): 64, (1, M2): 100}
+    changes, dummy = hp.plan_pools(nodes, current, desired, [M2], ())
+
+    def grant(base, requested, was):  # node 1 only finds 60 pages
+        return min(requested, 60) if "node1" in base else requested
+
+    writer = kernel(grant=grant)
+    with pytest.raises(hp.HugepageGrantError) as err:
+        hp.write_pools(sysfs, changes, writer)
+    message = str(err.value)
+    assert err.value.short == [(1, M2, 100, 60)]
+    assert err.value.unrestored == []
+    assert "node 1, 2048 kB pages: requested 100, granted 60" in message
+    assert (
+        "restored to its previous total (node 0, 2048 kB pages: 16; node 1, 2048 kB pages: 48)"
+        in message
+    )
+    assert "nothing changed" in message
+    assert "hugepagesz=2M hugepages=0:64,1:100" in message
+    assert "boot_reserve_sizes_kb" in message and "hugepages_boot_reserve" in message
+    # node 0 was grown first (both grow: node order), then node 1 came up short: both restored
+    assert [value for dummy, value in writer.calls] == [64, 100, 48, 16]
+    assert snapshot(sysfs) == before
+
+
+def test_a_refused_write_is_a_short_grant_too(tmp_path):
+    sysfs, procfs = make_tree(tmp_path, {(0, M2): (16, 16), (1, M2): (0, 0)})
+    before = snapshot(sysfs)
+    nodes, current, dummy = hp.read_pools(sysfs, procfs, [M2])
+    changes, dummy = hp.plan_pools(nodes, current, {(0, M2): 8, (1, M2): 4}, [M2], ())
+    writer = kernel(fail=lambda path, value: "node1" in path and value == 4)
+    with pytest.raises(hp.HugepageGrantError) as err:
+        hp.write_pools(sysfs, changes, writer)
+    assert "node 1, 2048 kB pages: requested 4, granted unknown" in str(err.value)
+    assert "Cannot allocate memory" in str(err.value)
+    assert snapshot(sysfs) == before
+
+
+def test_a_pool_that_cannot_be_restored_is_named(tmp_path):
+    sysfs, procfs = make_tree(tmp_path, {(0, M2): (0, 0), (1, M2): (0, 0)})
+    nodes, current, dummy = hp.read_pools(sysfs, procfs, [M2])
+    changes, dummy = hp.plan_pools(nodes, current, {(0, M2): 8, (1, M2): 8}, [M2], ())
+
+    def grant(base, requested, was):
+        if "node1" in base:
+            return min(requested, 2)
+        return 5 if requested == 0 else requested  # node 0 keeps 5 when asked to go back to 0
+
+    with pytest.raises(hp.HugepageGrantError) as err:
+        hp.write_pools(sysfs, changes, kernel(grant=grant))
+    assert err.value.unrestored == [(0, M2, 0, 5)]
+    assert "could NOT be restored" in str(err.value)
+    assert "node 0, 2048 kB pages: was 0, now 5" in str(err.value)
+
+
+# --- the whole plan on the recorded 2-node kernel ----------------------------------------------
+
+
+def test_plan_writes_nothing_apply_then_nothing_left_to_do(fixture_root, tmp_path):
+    sysfs, procfs = qemu(fixture_root)
+    root = tmp_path / "root"
+    root.mkdir()
+    wanted = pools_of((0, M2, 32), (1, M2, 48))
+    before = snapshot(sysfs, root)
+    first = plan(sysfs, procfs, root, wanted, service_manager="none")
+    assert snapshot(sysfs, root) == before  # planning (check mode) writes nothing
+    assert first.changed and first.reload_needed and not first.cmdline_changed
+    assert [p.as_dict() for p in first.pools] == [
+        {
+            "node": 0,
+            "size_kb": M2,
+            "before": 16,
+            "after": 32,
+            "desired": 32,
+            "in_use": 0,
+            "boot": False,
+        },
+        {
+            "node": 1,
+            "size_kb": M2,
+            "before": 48,
+            "after": 48,
+            "desired": 48,
+            "in_use": 32,
+            "boot": False,
+        },
+    ]
+    assert [(c.path, c.state) for c in first.files] == [
+        (hp.STATE_PATH, "create"),
+        (hp.UNIT_PATH, "create"),
+        (hp.PROGRAM_PATH, "create"),
+    ]
+    assert first.would_run() == [
+        "systemctl daemon-reload",
+        "systemctl enable numafleet-hugepages.service",
+    ]
+    diff = first.diff()
+    assert diff[0]["before"] == "node0 2048kB: 16\n" and diff[0]["after"] == "node0 2048kB: 32\n"
+    assert [entry["after_header"] for entry in diff[1:]] == [
+        hp.STATE_PATH,
+        hp.UNIT_PATH,
+        hp.PROGRAM_PATH,
+    ]
+
+    hp.apply_hugepages(first, kernel())
+    assert read_int(pool_path(sysfs, 0, M2)) == 32
+    state = json.loads((root / hp.STATE_PATH.lstrip("/")).read_text())
+    assert state["managed_sizes_kb"] == [M2]
+    assert state["pools"] == [
+        {"node": 0, "size_kb": M2, "count": 32},
+        {"node": 1, "size_kb": M2, "count": 48},
+    ]
+    assert oct(os.stat(root / hp.PROGRAM_PATH.lstrip("/")).st_mode & 0o777) == "0o755"
+    assert oct(os.stat(root / hp.UNIT_PATH.lstrip("/")).st_mode & 0o777) == "0o644"
+
+    again = plan(sysfs, procfs, root, wanted, service_manager="none")
+    assert not again.changed and again.would_run() == [] and again.diff() == []
+
+
+def test_shrink_below_in_use_keeps_the_pages_and_settles(fixture_root, tmp_path):
+    sysfs, procfs = qemu(fixture_root)
+    root = tmp_path / "root"
+    wanted = pools_of((0, M2, 16), (1, M2, 8))
+    first = plan(sysfs, procfs, root, wanted)
+    assert [(p.node, p.after) for p in first.pools] == [(0, 16), (1, 32)]
+    assert len(first.warnings) == 1 and "32 in use, 8 desired" in first.warnings[0]
+    hp.apply_hugepages(first, kernel())
+    assert read_int(pool_path(sysfs, 1, M2)) == 32
+    # The state records what the next boot applies: the desired total, not the pages in use.
+    state = json.loads((root / hp.STATE_PATH.lstrip("/")).read_text())
+    assert {"node": 1, "size_kb": M2, "count": 8} in state["pools"]
+    again = plan(sysfs, procfs, root, wanted)
+    assert not again.changed and len(again.warnings) == 1
+
+
+def test_a_size_that_leaves_pools_goes_back_to_zero(fixture_root, tmp_path):
+    sysfs, procfs = qemu(fixture_root)
+    root = tmp_path / "root"
+    hp.apply_hugepages(plan(sysfs, procfs, root, pools_of((0, G1, 0), (0, M2, 16))), kernel())
+    hp.apply_hugepages(plan(sysfs, procfs, root, pools_of((0, M2, 16), (1, M2, 32))), kernel())
+    release = plan(sysfs, procfs, root, [])
+    # node 0 goes to 0; node 1 keeps its 32 pages in use, so 2 MiB stays managed for the next run
+    assert [(p.node, p.size_kb, p.after) for p in release.pools] == [(0, M2, 0), (1, M2, 32)]
+    hp.apply_hugepages(release, kernel())
+    state = json.loads((root / hp.STATE_PATH.lstrip("/")).read_text())
+    assert state["managed_sizes_kb"] == [M2]
+    assert state["pools"] == [
+        {"node": 0, "size_kb": M2, "count": 0},
+        {"node": 1, "size_kb": M2, "count": 0},
+    ]
+    # once the pages are no longer used, the size is released for good
+    write_int(pool_path(sysfs, 1, M2, "free_hugepages"), 32)
+    hp.apply_hugepages(plan(sysfs, procfs, root, []), kernel())
+    state = json.loads((root / hp.STATE_PATH.lstrip("/")).read_text())
+    assert state["managed_sizes_kb"] == [] and state["pools"] == []
+    assert read_int(pool_path(sysfs, 1, M2)) == 0
+    assert not plan(sysfs, procfs, root, []).changed
+
+
+def test_nothing_managed_and_no_state_writes_nothing(fixture_root, tmp_path):
+    sysfs, procfs = qemu(fixture_root)
+    result = plan(sysfs, procfs, tmp_path / "root", [])
+    assert not result.changed and result.files == () and result.pools == ()
+    assert not (tmp_path / "root").exists()
+
+
+def test_short_grant_through_the_plan_changes_nothing(fixture_root, tmp_path):
+    sysfs, procfs = qemu(fixture_root)
+    root = tmp_path / "root"
+    before = snapshot(sysfs)
+    first = plan(sysfs, procfs, root, pools_of((0, M2, 64), (1, M2, 4000)))
+    with pytest.raises(hp.HugepageGrantError) as err:
+        hp.apply_hugepages(first, kernel(grant=lambda base, req, was: min(req, 700)))
+    assert "node 1, 2048 kB pages: requested 4000, granted 700" in str(err.value)
+    assert snapshot(sysfs) == before
+    assert not root.exists()  # files are written only after every pool was granted
+
+
+@pytest.mark.parametrize(
+    ("sysfs_rel", "procfs_rel", "fragment"),
+    [
+        ("missing/sys", "proc", "sysfs_root="),
+        ("sys", "missing/proc", "procfs_root="),
+    ],
+)
+def test_roots_that_are_no_trees_fail_naming_the_option(
+    fixture_root, tmp_path, sysfs_rel, procfs_rel, fragment
+):
+    fsroot = fixture_root(QEMU)
+    sysfs = f"{fsroot}/{sysfs_rel}" if sysfs_rel == "sys" else str(tmp_path / sysfs_rel)
+    procfs = f"{fsroot}/{procfs_rel}" if procfs_rel == "proc" else str(tmp_path / procfs_rel)
+    with pytest.raises(hp.HugepageError) as err:
+        plan(sysfs, procfs, tmp_path / "root", pools_of((0, M2, 1)))
+    assert fragment in str(err.value)
+
+
+def test_an_unreadable_pool_is_an_error_naming_the_file(tmp_path):
+    sysfs, procfs = make_tree(tmp_path, {(0, M2): (16, 16)})
+    write_int(pool_path(sysfs, 0, M2), "many")
+    with pytest.raises(hp.HugepageError) as err:
+        plan(sysfs, procfs, tmp_path / "root", pools_of((0, M2, 1)))
+    assert "node 0, 2048 kB pages: the pool cannot be read" in str(err.value)
+    assert "nr_hugepages" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("{", "is not JSON"),
+        ('{"version": 2}', "is not a version 1 numafleet hugepages state"),
+        ('{"version": 1, "managed_sizes_kb": ["2M"]}', "managed_sizes_kb is not a list"),
+        ('{"version": 1, "pools": [{"node": 0}]}', "pools holds {'node': 0}"),
+        ('{"version": 1, "kernel_args": "hugepages=1"}', "kernel_args is not a list"),
+        ('{"version": 1, "bootloader": "lilo"}', "bootloader 'lilo'"),
+    ],
+)
+def test_a_malformed_state_file_fails_with_the_fix(fixture_root, tmp_path, text, fragment):
+    sysfs, procfs = qemu(fixture_root)
+    state = tmp_path / "root" / hp.STATE_PATH.lstrip("/")
+    state.parent.mkdir(parents=True)
+    state.write_text(text)
+    with pytest.raises(hp.HugepageError) as err:
+        plan(sysfs, procfs, tmp_path / "root", [])
+    assert str(state) in str(err.value) and fragment in str(err.value)
+    assert "Restore it from the last run, or remove it" in str(err.value)
+
+
+def test_errors_are_numa_tune_errors():
+    assert issubclass(hp.HugepageGrantError, hp.HugepageError)
+    assert issubclass(hp.HugepageError, NumaTuneError)
+
+
+# --- boot reservations -------------------------------------------------------------------------
+
+
+def grub_absent(result) -> bool:
+    return hp.GRUB_PATH not in [c.path for c in result.files]
+
+
+BOOT = pools_of((0, G1, 2), (1, G1, 1), (0, M2, 16), (1, M2, 48))  # 2 MiB pools as recorded
+
+
+def test_boot_reserved_size_goes_to_grub_and_is_not_written(fixture_root, tmp_path):
+    sysfs, procfs = qemu(fixture_root, "6.1.0-18-amd64")
+    root = tmp_path / "root"
+    first = plan(sysfs, procfs, root, BOOT, boot_reserve_sizes_kb=[G1], bootloader="grub_d")
+    assert first.kernel_args == ("hugepagesz=1G", "hugepages=0:2,1:1")
+    assert first.cmdline_changed and first.would_run()[-1] == "update-grub"
+    boot = [p for p in first.pools if p.boot]
+    assert [(p.node, p.before, p.after) for p in boot] == [(0, 0, 2), (1, 0, 1)]
+    writer = kernel()
+    hp.apply_hugepages(first, writer)
+    assert writer.calls == []  # 1G is reserved at boot only; 2 MiB pools are already as wanted
+    grub = (root / hp.GRUB_PATH.lstrip("/")).read_text()
+    assert grub.endswith(
+        'GRUB_CMDLINE_LINUX="$GRUB_CMDLINE_LINUX hugepagesz=1G hugepages=0:2,1:1"\n'
+    )
+    assert grub.startswith("# Managed by numafleet.tuning")
+    state = json.loads((root / hp.STATE_PATH.lstrip("/")).read_text())
+    assert state["boot_pools"] == [
+        {"node": 0, "size_kb": G1, "count": 2},
+        {"node": 1, "size_kb": G1, "count": 1},
+    ]
+    assert all(entry["size_kb"] == M2 for entry in state["pools"])  # the program skips 1G
+    again = plan(sysfs, procfs, root, BOOT, boot_reserve_sizes_kb=[G1], bootloader="grub_d")
+    assert not again.changed and not again.cmdline_changed and again.would_run() == []
+    # the 1G pools are dropped: the drop-in goes, the command line changes again
+    runtime_only = pools_of((0, M2, 16), (1, M2, 48))
+    dropped = plan(
+        sysfs, procfs, root, runtime_only, boot_reserve_sizes_kb=[G1], bootloader="grub_d"
+    )
+    assert dropped.cmdline_changed and dropped.kernel_args == ()
+    assert (hp.GRUB_PATH, "remove") in [(c.path, c.state) for c in dropped.files]
+
+
+def test_grubby_gets_argv_lists_that_replace_the_last_run(fixture_root, tmp_path):
+    sysfs, procfs = qemu(fixture_root, "5.16.0")
+    root = tmp_path / "root"
+    first = plan(sysfs, procfs, root, BOOT, boot_reserve_sizes_kb=[G1], bootloader="grubby")
+    assert first.grubby_argvs() == [
+        ["grubby", "--update-kernel=ALL", "--args=hugepagesz=1G hugepages=0:2,1:1"]
+    ]
+    assert grub_absent(first)
+    hp.apply_hugepages(first, kernel())
+    more = pools_of((0, G1, 4), (1, G1, 1), (0, M2, 16), (1, M2, 48))
+    second = plan(sysfs, procfs, root, more, boot_reserve_sizes_kb=[G1], bootloader="grubby")
+    assert second.cmdline_changed
+    assert second.grubby_argvs() == [
+        ["grubby", "--update-kernel=ALL", "--remove-args=hugepagesz=1G hugepages=0:2,1:1"],
+        ["grubby", "--update-kernel=ALL", "--args=hugepagesz=1G hugepages=0:4,1:1"],
+    ]
+    assert second.as_result(False, False)["kernel_args_removed"] == [
+        "hugepagesz=1G",
+        "hugepages=0:2,1:1",
+    ]
+
+
+def test_grubby_takes_one_boot_size_only(fixture_root, tmp_path):
+    sysfs, procfs = qemu(fixture_root, "6.1.0")
+    with pytest.raises(hp.HugepageError) as err:
+        plan(sysfs, procfs, tmp_path, BOOT, boot_reserve_sizes_kb=[M2, G1], bootloader="grubby")
+    assert "only one page size can be reserved at boot" in str(err.value)
+
+
+def test_bootloader_none_returns_the_args_only(fixture_root, tmp_path):
+    sysfs, procfs = qemu(fixture_root, "6.1.0")
+    result = plan(sysfs, procfs, tmp_path, BOOT, boot_reserve_sizes_kb=[G1], bootloader="none")
+    assert result.cmdline_changed and result.would_run()[-1:] != ["update-grub"]
+    assert result.kernel_args == ("hugepagesz=1G", "hugepages=0:2,1:1")
+    assert grub_absent(result)
+
+
+@pytest.mark.parametrize(
+    ("release", "fragment"),
+    [
+        ("5.15.0-91-generic", "the kernel is 5.15, and per-node boot reservations"),
+        (None, "sys/kernel/osrelease: missing: the kernel release is needed"),
+        ("garbage", "is not a kernel release"),
+    ],
+)
+def test_boot_reservation_needs_a_known_new_kernel(fixture_root, tmp_path, release, fragment):
+    sysfs, procfs = qemu(fixture_root)
+    if release:
+        os.makedirs(f"{procfs}/sys/kernel", exist_ok=True)
+        with open(f"{procfs}/sys/kernel/osrelease", "w", encoding="ascii") as handle:
+            handle.write(release)
+    with pytest.raises(hp.HugepageError) as err:
+        plan(sysfs, procfs, tmp_path, BOOT, boot_reserve_sizes_kb=[G1], bootloader="grub_d")
+    assert fragment in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("present", "choice", "want"),
+    [
+        (["usr/sbin/grubby", "etc/default/grub"], "auto", "grubby"),
+        (["etc/default/grub"], "auto", "grub_d"),
+        (["usr/sbin/update-grub"], "auto", "grub_d"),
+        ([], "grub_d", "grub_d"),
+        ([], "none", "none"),
+        ([], "auto", None),
+    ],
+)
+def test_resolve_bootloader(tmp_path, present, choice, want):
+    for rel in present:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("")
+    if want:
+        assert hp.resolve_bootloader(choice, str(tmp_path)) == want
+    else:
+        with pytest.raises(hp.HugepageError) as err:
+            hp.resolve_bootloader(choice, str(tmp_path))
+        assert "set bootloader to grub_d (Debian, Ubuntu), grubby (RHEL) or none" in str(err.value)
+
+
+# --- the boot program and the unit -------------------------------------------------------------
+
+
+def run_program(root, sysfs, config=None):
+    program = root / hp.PROGRAM_PATH.lstrip("/")
+    config = config or root / hp.STATE_PATH.lstrip("/")
+    argv = [sys.executable, str(program), "--config", str(config), "--sysfs-root", str(sysfs)]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_boot_program_applies_the_state_to_a_scratch_sysfs(fixture_root, tmp_path):
+    sysfs, procfs = qemu(fixture_root)
+    root = tmp_path / "root"
+    hp.apply_hugepages(plan(sysfs, procfs, root, pools_of((0, M2, 8), (1, M2, 40))), kernel())
+    # a "reboot": every pool back to 0, nothing in use
+    for node in (0, 1):
+        write_int(pool_path(sysfs, node, M2), 0)
+        write_int(pool_path(sysfs, node, M2, "free_hugepages"), 0)
+    proc = run_program(root, sysfs)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert read_int(pool_path(sysfs, 0, M2)) == 8 and read_int(pool_path(sysfs, 1, M2)) == 40
+    assert "<6>numafleet-hugepages: node 1, 2048 kB pages: 0 -> 40" in proc.stdout
+    assert read_int(pool_path(sysfs, 0, G1)) == 0  # sizes not in the state are left alone
+
+
+def test_boot_program_exits_1_when_a_pool_cannot_be_written(fixture_root, tmp_path):
+    sysfs, procfs = qemu(fixture_root)
+    root = tmp_path / "root"
+    hp.apply_hugepages(plan(sysfs, procfs, root, pools_of((0, M2, 8), (1, M2, 40))), kernel())
+    target = pool_path(sysfs, 1, M2)
+    os.unlink(target)
+    os.mkdir(target)  # a write there fails like a refused one
+    proc = run_program(root, sysfs)
+    assert proc.returncode == 1
+    assert "<3>numafleet-hugepages: node 1, 2048 kB pages: cannot read" in proc.stdout
+    assert read_int(pool_path(sysfs, 0, M2)) == 8  # the other node is still applied
+
+
+@pytest.mark.parametrize(
+    "text", ["{", '{"version": 9, "pools": []}', '{"version": 1, "pools": [{"node": -1}]}']
+)
+def test_boot_program_exits_2_on_an_unusable_state(fixture_root, tmp_path, text):
+    sysfs, dummy = qemu(fixture_root)
+    before = snapshot(sysfs)
+    (tmp_path / "bad.json").write_text(text)
+    root = tmp_path / "root"
+    program = root / hp.PROGRAM_PATH.lstrip("/")
+    program.parent.mkdir(parents=True)
+    program.write_text(hp.BOOT_PROGRAM)
+    proc = run_program(root, sysfs, tmp_path / "bad.json")
+    assert proc.returncode == 2 and "no pool changed" in proc.stdout
+    assert snapshot(sysfs) == before
+
+
+def _verify(unit_file) -> list:
+    argv = [SYSTEMD_ANALYZE, "verify", "--man=no", str(unit_file)]
+    env = dict(os.environ, LC_ALL="C", SYSTEMD_LOG_COLOR="0", SYSTEMD_PAGER="")
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120, check=False)
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    return lines + ([f"rc={proc.returncode}"] if proc.returncode else [])
+
+
+@pytest.mark.skipif(SYSTEMD_ANALYZE is None, reason="systemd-analyze is not installed")
+def test_unit_passes_systemd_analyze_verify_silently(tmp_path):
+    unit = tmp_path / hp.UNIT_NAME
+    unit.write_text(hp.render_unit())
+    assert _verify(unit) == []
+
+
+@pytest.mark.skipif(SYSTEMD_ANALYZE is None, reason="systemd-analyze is not installed")
+def test_verify_check_catches_a_bad_key(tmp_path):
+    unit = tmp_path / hp.UNIT_NAME
+    unit.write_text(hp.render_unit().replace("RemainAfterExit=yes", "RemainAfterExitt=yes"))
+    assert any("RemainAfterExitt" in line for line in _verify(unit))
+
+
+def test_unit_orders_itself_early_and_waits_for_the_state():
+    text = hp.render_unit()
+    for line in (
+        "Type=oneshot",
+        "RemainAfterExit=yes",
+        "DefaultDependencies=no",
+        "After=local-fs.target",
+        "Before=sysinit.target shutdown.target",
+        "Conflicts=shutdown.target",
+        "WantedBy=sysinit.target",
+        f"ConditionPathExists={hp.STATE_PATH}",
+        f"ExecStart=/usr/bin/python3 {hp.PROGRAM_PATH} --config {hp.STATE_PATH}",
+    ):
+        assert line in text.splitlines()
+
+
+def test_boot_program_is_valid_python():
+    compile(hp.BOOT_PROGRAM, hp.PROGRAM_PATH, "exec")
+    assert hp.BOOT_PROGRAM.startswith("#!/usr/bin/python3\n")

@@ -1,0 +1,238 @@
+"""numa_hugepages through main(): check mode, apply, repeat, boot reservations, errors."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+STATE = "etc/numafleet/hugepages.json"
+UNIT = "etc/systemd/system/numafleet-hugepages.service"
+PROGRAM = "usr/local/libexec/numafleet-hugepages"
+GRUB = "etc/default/grub.d/60-numafleet-hugepages.cfg"
+MODULES = "ansible_collections.numafleet.tuning.plugins.modules"
+POOL = "sys/devices/system/node/node{node}/hugepages/hugepages-{size}kB/nr_hugepages"
+
+
+def tree_hash(*tops) -> str:
+    digest = hashlib.sha256()
+    for top in tops:
+        for base, dirs, files in sorted(os.walk(top)):
+            dirs.sort()
+            for name in sorted(dirs + files):
+                path = os.path.join(base, name)
+                digest.update(os.path.relpath(path, top).encode())
+                if os.path.isfile(path) and not os.path.islink(path):
+                    with open(path, "rb") as handle:
+                        digest.update(handle.read())
+    return digest.hexdigest()
+
+
+@pytest.fixture
+def host(fixture_root, tmp_path):
+    """A scratch copy of the recorded 2-node kernel (2 MiB pools 16/16 free and 48/16 free)."""
+    fsroot = fixture_root("qemu-2node-pxb", writable=True)
+    return {"fsroot": fsroot, "root": str(tmp_path / "root")}
+
+
+def args(host, pools, **extra) -> dict:
+    base = {
+        "pools": pools,
+        "sysfs_root": f"{host['fsroot']}/sys",
+        "procfs_root": f"{host['fsroot']}/proc",
+        "root": host["root"],
+        "service_manager": "none",
+    }
+    base.update(extra)
+    return base
+
+
+def pool(host, node, size=2048) -> int:
+    with open(
+        os.path.join(host["fsroot"], POOL.format(node=node, size=size)), encoding="ascii"
+    ) as f:
+        return int(f.read())
+
+
+def set_release(host, release):
+    path = os.path.join(host["fsroot"], "proc", "sys", "kernel")
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "osrelease"), "w", encoding="ascii") as handle:
+        handle.write(release + "\n")
+
+
+def warning_texts(result) -> list:
+    """The module's warnings as text (ansible-core 2.19 sends them as WarningSummary objects)."""
+    return [w["event"]["msg"] if isinstance(w, dict) else w for w in result.get("warnings", [])]
+
+
+GROW = [{"node": 0, "size_kb": 2048, "count": 32}, {"node": 1, "size_kb": 2048, "count": 48}]
+
+
+def test_check_mode_writes_nothing_and_predicts_the_change(run_module, host):
+    before = tree_hash(host["fsroot"])
+    result = run_module("numa_hugepages", args(host, GROW), check_mode=True, diff=True)
+    assert result["failed"] is False and result["changed"] is True
+    assert tree_hash(host["fsroot"]) == before and not os.path.exists(host["root"])
+    assert result["diff"][0] == {
+        "before_header": "hugepage pools (pages per node)",
+        "after_header": "hugepage pools (pages per node)",
+        "before": "node0 2048kB: 16\n",
+        "after": "node0 2048kB: 32\n",
+    }
+    assert [entry["after_header"] for entry in result["diff"][1:]] == [
+        "/" + STATE,
+        "/" + UNIT,
+        "/" + PROGRAM,
+    ]
+    assert [p["after"] for p in result["pools"]] == [32, 48]
+    assert result["reload_needed"] is True and result["reboot_required"] is False
+    assert result["would_run"] == [
+        "systemctl daemon-reload",
+        "systemctl enable numafleet-hugepages.service",
+    ]
+
+
+def test_apply_then_second_run_changes_nothing(run_module, host):
+    check = run_module("numa_hugepages", args(host, GROW), check_mode=True)
+    first = run_module("numa_hugepages", args(host, GROW))
+    assert first["changed"] is True and first["files"] == check["files"]
+    assert first["pools"] == check["pools"]
+    assert pool(host, 0) == 32 and pool(host, 1) == 48
+    for rel in (STATE, UNIT, PROGRAM):
+        assert os.path.isfile(os.path.join(host["root"], rel))
+    after_first = tree_hash(host["fsroot"], host["root"])
+    second = run_module("numa_hugepages", args(host, GROW), diff=True)
+    assert second["changed"] is False
+    assert second["diff"] == [] and second["would_run"] == []
+    assert {entry["state"] for entry in second["files"]} == {"unchanged"}
+    assert tree_hash(host["fsroot"], host["root"]) == after_first
+
+
+def run_fresh(tmp_path, module_args) -> dict:
+    """main() in a new Python process, the way ansible-core runs a module on a host.
+
+    In the pytest process, once a test has imported controller code (the action plugin tests),
+    ansible-core sends module warnings to the controller's display instead of the result; a fresh
+    process returns them in the result as a host would.
+    """
+    args_file = tmp_path / "args.json"
+    args_file.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": module_args}))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), LC_ALL="C")
+    proc = subprocess.run(
+        [sys.executable, "-m", f"{MODULES}.numa_hugepages", str(args_file)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    return json.loads(proc.stdout)
+
+
+SHRINK = [{"node": 0, "size_kb": 2048, "count": 16}, {"node": 1, "size_kb": 2048, "count": 8}]
+
+
+def test_shrink_below_in_use_keeps_the_pages(run_module, host):
+    result = run_module("numa_hugepages", args(host, SHRINK))
+    assert result["changed"] is True
+    assert pool(host, 1) == 32
+    node1 = result["pools"][1]
+    assert (node1["before"], node1["after"], node1["desired"], node1["in_use"]) == (48, 32, 8, 32)
+
+
+def test_shrink_below_in_use_warns(host, tmp_path):
+    result = run_fresh(tmp_path, args(host, SHRINK))
+    assert result["changed"] is True and pool(host, 1) == 32
+    assert warning_texts(result) == [
+        "node 1, 2048 kB pages: 32 in use, 8 desired; the pool is kept at 32 instead of "
+        "shrinking below the pages in use: stop the services holding them, then run again"
+    ]
+
+
+def test_boot_reservation_writes_the_grub_drop_in_once(run_module, host):
+    set_release(host, "6.1.0-18-amd64")
+    pools = GROW[:1] + [{"node": 1, "size_kb": 1048576, "count": 2}] + GROW[1:]
+    extra = {"boot_reserve_sizes_kb": [1048576], "bootloader": "grub_d"}
+    first = run_module("numa_hugepages", args(host, pools, **extra))
+    assert first["reboot_required"] is True
+    assert first["kernel_args"] == ["hugepagesz=1G", "hugepages=1:2"]
+    assert first["would_run"][-1] == "update-grub"
+    assert pool(host, 1, 1048576) == 0  # never written at runtime
+    with open(os.path.join(host["root"], GRUB), encoding="utf-8") as handle:
+        assert (
+            'GRUB_CMDLINE_LINUX="$GRUB_CMDLINE_LINUX hugepagesz=1G hugepages=1:2"' in handle.read()
+        )
+    second = run_module("numa_hugepages", args(host, pools, **extra))
+    assert second["changed"] is False and second["reboot_required"] is False
+
+
+def test_state_file_releases_a_size_no_longer_wanted(run_module, host):
+    run_module("numa_hugepages", args(host, [{"node": 0, "size_kb": 1048576, "count": 1}]))
+    assert pool(host, 0, 1048576) == 1
+    free = os.path.join(host["fsroot"], POOL.format(node=0, size=1048576))
+    with open(free.replace("nr_hugepages", "free_hugepages"), "w", encoding="ascii") as handle:
+        handle.write("1\n")  # as the kernel shows it: the new page is free, not in use
+    result = run_module("numa_hugepages", args(host, []))
+    assert result["changed"] is True and pool(host, 0, 1048576) == 0
+    with open(os.path.join(host["root"], STATE), encoding="utf-8") as handle:
+        assert json.load(handle)["managed_sizes_kb"] == []
+
+
+@pytest.mark.parametrize(
+    ("pools", "extra", "fragment"),
+    [
+        ([{"node": 5, "size_kb": 2048, "count": 1}], {}, "pools: node 5 does not exist"),
+        ([{"node": 0, "size_kb": 4096, "count": 1}], {}, "node 0 has no 4096 kB hugepage pool"),
+        ([{"node": 0, "size_kb": 2048, "count": -1}], {}, "pools[0].count is -1"),
+        (
+            [{"node": 0, "size_kb": 1048576, "count": 1}],
+            {"boot_reserve_sizes_kb": [1048576], "bootloader": "grub_d"},
+            "the kernel release is needed to reserve hugepages at boot",
+        ),
+        (
+            [{"node": 0, "size_kb": 1048576, "count": 1}],
+            {"boot_reserve_sizes_kb": [1048576], "release": "6.1.0"},
+            "bootloader: auto found neither grubby",
+        ),
+        (
+            GROW,
+            {"sysfs_root": "/nonexistent/sys"},
+            "sysfs_root='/nonexistent/sys' is not a sys tree",
+        ),
+        (GROW, {"boot_reserve_sizes_kb": [0]}, "boot_reserve_sizes_kb: 0 is not a page size"),
+    ],
+)
+def test_errors_fail_with_the_message_and_change_nothing(run_module, host, pools, extra, fragment):
+    extra = dict(extra)
+    if "release" in extra:
+        set_release(host, extra.pop("release"))
+    before = tree_hash(host["fsroot"])
+    result = run_module("numa_hugepages", args(host, pools, **extra))
+    assert result["failed"] is True
+    assert fragment in result["msg"]
+    assert "Traceback" not in json.dumps(result) and "exception" not in result
+    assert tree_hash(host["fsroot"]) == before and not os.path.exists(host["root"])
+
+
+def test_old_kernel_is_refused_for_boot_reservations(run_module, host):
+    set_release(host, "5.15.0-91-generic")
+    extra = {"boot_reserve_sizes_kb": [1048576], "bootloader": "grub_d"}
+    result = run_module(
+        "numa_hugepages", args(host, [{"node": 1, "size_kb": 1048576, "count": 1}], **extra)
+    )
+    assert result["failed"] is True
+    assert "the kernel is 5.15" in result["msg"] and "Linux 5.16 or newer" in result["msg"]
+
+
+def test_a_malformed_state_file_fails_with_its_path(run_module, host):
+    os.makedirs(os.path.join(host["root"], "etc", "numafleet"))
+    with open(os.path.join(host["root"], STATE), "w", encoding="utf-8") as handle:
+        handle.write("not json")
+    result = run_module("numa_hugepages", args(host, GROW))
+    assert result["failed"] is True
+    assert result["msg"].startswith(os.path.join(host["root"], STATE) + ": is not JSON")
