@@ -110,7 +110,7 @@ def run_ansible(*args: str, timeout_s: int = 600) -> subprocess.CompletedProcess
 
 def ad_hoc_message(output: str) -> str:
     """The `msg` of an ad-hoc run's result (`numa-vm | FAILED! => {...}`), else the whole output."""
-    _, arrow, rest = output.partition("=> ")
+    dummy, arrow, rest = output.partition("=> ")
     try:
         return json.loads(rest)["msg"] if arrow else output
     except (ValueError, KeyError, TypeError):
