@@ -30,6 +30,7 @@ ARGUMENT_SPEC = dict(
     tenants=dict(type="raw", default=[]),
     reserved_cpus=dict(type="raw", default=""),
     memory_headroom_pct=dict(type="raw", default=15),
+    hugepages_extra=dict(type="raw", default=[]),
     host=dict(type="str"),
 )
 
@@ -64,6 +65,7 @@ class ActionModule(ControllerAction):
         placements = [] if args["placements"] is None else args["placements"]
         tenants = [] if args["tenants"] is None else args["tenants"]
         reserved = "" if args["reserved_cpus"] is None else args["reserved_cpus"]
+        extra = [] if args["hugepages_extra"] is None else args["hugepages_extra"]
         policy = {
             "reserved_cpus": plain(reserved),
             "memory_headroom_pct": plain(args["memory_headroom_pct"]),
@@ -76,6 +78,7 @@ class ActionModule(ControllerAction):
                 plain(placements),
                 plain(tenants),
                 policy,
+                hugepages_extra=plain(extra),
             )
             summary = plan_summary(plan)
         except NumaTuneError as exc:

@@ -34,8 +34,13 @@ description:
     C(/etc/default/grub.d/60-numafleet-hugepages.cfg); with O(bootloader=grubby) they are returned
     as RV(grubby_argvs) for the caller to run; with O(bootloader=none) they are only returned in
     RV(kernel_args). RV(reboot_required) is true when the command line changed.
-  - The module runs no command. Reloading systemd, enabling the unit, C(update-grub), C(grubby) and
-    rebooting are the caller's, see RV(would_run) and the role C(numafleet.tuning.hugepages).
+  - Each entry of O(mounts) is a hugetlbfs mount of one page size, made by a systemd mount unit
+    C(/etc/systemd/system/<systemd-escape --path PATH>.mount) below O(root) (for example
+    C(dev-hugepages1G.mount) for C(/dev/hugepages1G)), mounted before C(sysinit.target). Mount units
+    an earlier run wrote (recorded in the state file) that are no longer in O(mounts) are removed.
+  - The module runs no command. Reloading systemd, enabling the unit, starting, restarting and
+    stopping the mount units, C(update-grub), C(grubby) and rebooting are the caller's, see
+    RV(would_run) and the role C(numafleet.tuning.hugepages).
 options:
   pools:
     description:
@@ -96,6 +101,37 @@ options:
     type: str
     choices: [auto, grub_d, grubby, none]
     default: auto
+  mounts:
+    description:
+      - hugetlbfs mounts, one per mount point, each of one page size, so that the pages of a
+        placement can be mapped through files.
+      - Every entry is checked before anything is written. An empty list removes the mount units an
+        earlier run wrote.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      path:
+        description:
+          - The mount point, an absolute path other than C(/) without control characters or C(.)
+            and C(..) components, for example C(/dev/hugepages1G). Each path may appear once.
+        type: str
+        required: true
+      size_kb:
+        description:
+          - Page size of the mount in kB, one the kernel offers (a C(hugepages-<size>kB) pool under
+            C(<sysfs_root>/devices/system/node/node<N>/hugepages)), V(2048) or V(1048576) on x86_64.
+        type: int
+        required: true
+      mode:
+        description: Mode of the mount's root directory, an octal string of 3 or 4 digits.
+        type: str
+        default: "1770"
+      group:
+        description:
+          - Group (name or numeric gid) owning the mount's root directory (C(gid=)); the owner's
+            group of the mount point when left out.
+        type: str
 extends_documentation_fragment:
   - numafleet.tuning.roots
   - numafleet.tuning._attributes
@@ -122,6 +158,10 @@ notes:
     per argument name).
   - RV(reboot_required) is true in the run that changes the command line; a later run does not
     repeat it.
+  - A mount unit file at the path of a wanted mount that an earlier run did not write and that lacks
+    the numafleet header is never overwritten; the module fails instead.
+  - A changed mount unit is restarted (unmounted and mounted again), which fails while a process has
+    files of the mount open or mapped.
 seealso:
   - module: numafleet.tuning.numa_facts
   - module: numafleet.tuning.numa_plan
@@ -148,6 +188,14 @@ EXAMPLES = r"""
     boot_reserve_sizes_kb: [1048576]
     bootloader: grub_d
   register: hugepages_boot
+
+- name: Mount 1 GiB pages at /dev/hugepages1G for the members of group llm
+  numafleet.tuning.numa_hugepages:
+    pools:
+      - {node: 1, size_kb: 1048576, count: 16}
+    mounts:
+      - {path: /dev/hugepages1G, size_kb: 1048576, mode: "1770", group: llm}
+  register: hugepages_mounts
 
 - name: Render the persistence files of a recorded host into a scratch directory
   numafleet.tuning.numa_hugepages:
@@ -272,12 +320,73 @@ handler_enable:
 would_run:
   description:
     - The commands the caller has to run after this change, in order (C(systemctl daemon-reload),
-      C(systemctl enable numafleet-hugepages.service), C(update-grub) or C(grubby)), whatever
+      C(systemctl enable numafleet-hugepages.service), C(systemctl disable --now), C(restart) or
+      C(enable --now) of mount units, C(update-grub) or C(grubby)), whatever
       O(service_manager) and check mode. The module itself runs none of them.
   returned: always
   type: list
   elements: str
   sample: [systemctl daemon-reload, systemctl enable numafleet-hugepages.service]
+mounts:
+  description: The hugetlbfs mounts of O(mounts), sorted by path, with their mount units.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    path:
+      description: The mount point, slashes simplified.
+      returned: always
+      type: str
+      sample: /dev/hugepages1G
+    unit:
+      description: The mount unit's name (C(systemd-escape --path)).
+      returned: always
+      type: str
+      sample: dev-hugepages1G.mount
+    size_kb:
+      description: Page size of the mount in kB.
+      returned: always
+      type: int
+      sample: 1048576
+    mode:
+      description: Mode of the mount's root directory.
+      returned: always
+      type: str
+      sample: "1770"
+    group:
+      description: Group of the mount's root directory, null when not set.
+      returned: always
+      type: str
+      sample: llm
+    state:
+      description: What happened to the unit file, V(create), V(update) or V(unchanged).
+      returned: always
+      type: str
+      sample: create
+handler_mount_start:
+  description:
+    - Mount units created in this run, for the caller to C(systemctl enable --now) after
+      C(systemctl daemon-reload); empty in check mode and with O(service_manager=none).
+  returned: always
+  type: list
+  elements: str
+  sample: [dev-hugepages1G.mount]
+handler_mount_restart:
+  description:
+    - Mount units changed in this run, for the caller to C(systemctl restart) after
+      C(systemctl daemon-reload); empty in check mode and with O(service_manager=none).
+  returned: always
+  type: list
+  elements: str
+  sample: []
+handler_mount_stop:
+  description:
+    - Mount units removed in this run, for the caller to C(systemctl disable --now) before
+      C(systemctl daemon-reload); empty in check mode and with O(service_manager=none).
+  returned: always
+  type: list
+  elements: str
+  sample: ["mnt-huge\\x2d2m.mount"]
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -307,6 +416,17 @@ def main() -> None:
             bootloader=dict(
                 type="str", choices=["auto", "grub_d", "grubby", "none"], default="auto"
             ),
+            mounts=dict(
+                type="list",
+                elements="dict",
+                default=[],
+                options=dict(
+                    path=dict(type="str", required=True),
+                    size_kb=dict(type="int", required=True),
+                    mode=dict(type="str", default="1770"),
+                    group=dict(type="str"),
+                ),
+            ),
         ),
         supports_check_mode=True,
     )
@@ -320,6 +440,7 @@ def main() -> None:
             service_manager=params["service_manager"],
             boot_reserve_sizes_kb=params["boot_reserve_sizes_kb"],
             bootloader=params["bootloader"],
+            mounts=params["mounts"],
         )
         if not module.check_mode:
             hugepages.apply_hugepages(plan)

@@ -80,6 +80,19 @@ options:
       - Usually the host variable C(numafleet_memory_headroom_pct).
     type: raw
     default: 15
+  hugepages_extra:
+    description:
+      - Hugepages wanted outside the placements (a database, DPDK), per NUMA node, as a list of dicts
+        with C(node) (NUMA node id), C(size) (V(2M), V(1G), V(2048kB) or the page size in kB as a
+        number) and C(count) (pages, 0 or more).
+      - They are reserved on their node before any placement is planned, count against the node's
+        memory budget, and are part of the plan's C(nodes[].hugepages) totals (and listed in
+        C(nodes[].hugepages_extra)), which the role C(numafleet.tuning.hugepages) applies and
+        C(playbooks/verify.yml) checks.
+      - Usually the host variable C(numafleet_hugepages_extra), which the planner's messages name.
+        V(null) means none.
+    type: raw
+    default: []
   host:
     description:
       - Host name used in the plan and in messages. Defaults to C(inventory_hostname).
@@ -136,6 +149,7 @@ EXAMPLES = r"""
     tenants: "{{ numafleet_tenants | default([]) }}"
     reserved_cpus: "{{ numafleet_reserved_cpus | default('') }}"
     memory_headroom_pct: "{{ numafleet_memory_headroom_pct | default(15) }}"
+    hugepages_extra: "{{ numafleet_hugepages_extra | default([]) }}"
   register: plan
 
 - name: Print one line per host
@@ -231,7 +245,11 @@ ansible_facts:
           type: list
           elements: dict
         nodes:
-          description: Per NUMA node, the memory budget, planned memory, usable and planned CPUs, hugepage pools and GPUs.
+          description:
+            - Per NUMA node, the memory budget, planned memory, usable and planned CPUs, hugepage pools and GPUs.
+            - C(hugepages) are the node's pool totals (C(size_kb), C(count)), the placements' pages plus
+              O(hugepages_extra); C(hugepages_extra) lists the O(hugepages_extra) part alone. C(planned_memory_kb)
+              includes both.
           type: list
           elements: dict
         gpus:

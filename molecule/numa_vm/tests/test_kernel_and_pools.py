@@ -44,7 +44,7 @@ def test_an_impossible_grant_fails_and_changes_no_pool(host):
     before = _pools(host)
     state_before = host.file("/etc/numafleet/hugepages.json").content_string
     pools = [
-        {"node": 0, "size_kb": 2048, "count": 8},
+        {"node": 0, "size_kb": 2048, "count": 16},  # grantable: 8 more than now
         {"node": 1, "size_kb": 2048, "count": 1536},  # 3 GiB on a 2 GiB node
     ]
     result = run_ansible(
@@ -55,7 +55,7 @@ def test_an_impossible_grant_fails_and_changes_no_pool(host):
     message = ad_hoc_message(result.stdout)
     assert "granted" in message and "node 1" in message, output
     assert "hugepagesz=2M" in message, output  # the boot-time reservation it suggests
-    assert _pools(host) == before  # node 0 was granted its 8 pages, then given back
+    assert _pools(host) == before  # node 0 was granted its 16 pages, then set back to 8
     assert host.file("/etc/numafleet/hugepages.json").content_string == state_before
     record("impossible_grant_message", message)
     record("hugepages_2m_after_refused_grant", before)

@@ -21,7 +21,7 @@ EXPECTED = {
     "numa-bound": {"cpus": "2-3", "mems": "1", "node": 1, "hugepages": 32},
     "cpu-only": {"cpus": "1", "mems": "0", "node": 0, "hugepages": 0},
 }
-HUGEPAGE_POOLS = {0: 0, 1: 32}  # 2 MiB pages per node, as the plan asks (hugepages role)
+HUGEPAGE_POOLS = {0: 8, 1: 32}  # 2 MiB pages per node: extra on node 0, numa-bound's on node 1
 
 _figures: dict = {}
 

@@ -122,6 +122,186 @@ def format_size(size_kb: int) -> str:
     return f"{size_kb}K"
 
 
+# --- hugetlbfs mounts --------------------------------------------------------------------------
+
+MOUNT_UNIT_DIR = "/etc/systemd/system"
+DEFAULT_MOUNT_MODE = "1770"
+_UNIT_PLAIN = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789:_.")
+_MODE_RE = re.compile(r"^[0-7]{3,4}$")
+_GROUP_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_.-]{0,31}\$?|[0-9]+)$")
+_UNIT_NAME_MAX = 255
+
+
+@dataclass(frozen=True)
+class Mount:
+    """One hugetlbfs mount asked for: normalized absolute path, page size, mode, group."""
+
+    path: str
+    size_kb: int
+    mode: str = DEFAULT_MOUNT_MODE
+    group: Optional[str] = None
+
+    @property
+    def unit(self) -> str:
+        """The mount unit's name, ``<systemd-escape --path>.mount``."""
+        return f"{escape_path(self.path)}.mount"
+
+    @property
+    def unit_path(self) -> str:
+        """The unit file's path as on the host."""
+        return f"{MOUNT_UNIT_DIR}/{self.unit}"
+
+
+def _simplify(path: str) -> str:
+    """``path`` with repeated and trailing slashes dropped (systemd's path_simplify, less '.')."""
+    return "/" + "/".join(part for part in path.split("/") if part)
+
+
+def escape_path(path: str) -> str:
+    """``systemd-escape --path PATH``: '/x/y-z' -> 'x-y\\x2dz'; '/' -> '-'.
+
+    Slashes are simplified and stripped at both ends, inner ones become '-'; every byte outside
+    ``[A-Za-z0-9:_.]``, and a leading '.', becomes ``\\xNN`` (lower-case hex, per UTF-8 byte).
+    """
+    text = _simplify(path).strip("/")
+    if not text:
+        return "-"
+    out = []
+    for index, char in enumerate(text):
+        if char == "/":
+            out.append("-")
+        elif char in _UNIT_PLAIN and not (index == 0 and char == "."):
+            out.append(char)
+        else:
+            out.extend(f"\\x{byte:02x}" for byte in char.encode("utf-8"))
+    return "".join(out)
+
+
+def _has_control(text: str) -> bool:
+    return any(ord(char) < 0x20 or 0x7F <= ord(char) < 0xA0 for char in text)
+
+
+def parse_mounts(mounts, offered_sizes) -> tuple:
+    """Mounts of the ``mounts`` option, sorted by path; raises HugepageError naming the entry.
+
+    ``offered_sizes``: the page sizes (kB) the kernel has pools of, on any node.
+    """
+    example = "[{path: /dev/hugepages1G, size_kb: 1048576}]"
+    if not isinstance(mounts, list):
+        raise HugepageError(f"mounts: {mounts!r} is not a list; give e.g. {example}")
+    out, seen = [], {}
+    offered = sorted(set(offered_sizes))
+    offered_text = ", ".join(str(size) for size in offered) or "none"
+    for index, entry in enumerate(mounts):
+        where = f"mounts[{index}]"
+        if not isinstance(entry, dict):
+            raise HugepageError(
+                f"{where}: {entry!r} is not a mapping of path, size_kb, mode and group; "
+                f"give e.g. {example}"
+            )
+        path = entry.get("path")
+        if not isinstance(path, str) or not path.startswith("/"):
+            raise HugepageError(
+                f"{where}.path is {path!r}; it must be an absolute path, e.g. /dev/hugepages1G"
+            )
+        if _has_control(path):
+            raise HugepageError(
+                f"{where}.path is {path!r}; it holds a control character, which a unit file "
+                "cannot carry: remove it (newlines and tabs included)"
+            )
+        parts = [part for part in path.split("/") if part]
+        if not parts:
+            raise HugepageError(
+                f"{where}.path is {path!r}; hugetlbfs cannot be mounted on /: give a directory "
+                "such as /dev/hugepages1G"
+            )
+        if any(part in (".", "..") for part in parts):
+            raise HugepageError(
+                f"{where}.path is {path!r}; it holds a '.' or '..' component, which systemd "
+                "refuses in a mount point: give the path without them"
+            )
+        normal = _simplify(path)
+        if normal in seen:
+            raise HugepageError(
+                f"{where}.path {normal} is also mounts[{seen[normal]}].path; give each mount "
+                "point once (one hugetlbfs mount per path)"
+            )
+        seen[normal] = index
+        size = entry.get("size_kb")
+        if not _is_int(size) or size <= 0:
+            raise HugepageError(
+                f"{where}.size_kb is {size!r}; it must be a page size in kB "
+                f"(offered by this kernel: {offered_text})"
+            )
+        if size not in offered:
+            raise HugepageError(
+                f"{where}.size_kb is {size}; this kernel has no {size} kB hugepages (offered: "
+                f"{offered_text}). Use a page size the kernel offers (2048 or 1048576 on x86_64)"
+            )
+        mode = entry.get("mode")
+        mode = DEFAULT_MOUNT_MODE if mode is None else mode
+        if not isinstance(mode, str) or not _MODE_RE.match(mode):
+            raise HugepageError(
+                f"{where}.mode is {mode!r}; give the mount's mode as an octal string of 3 or 4 "
+                f'digits, e.g. "{DEFAULT_MOUNT_MODE}"'
+            )
+        group = entry.get("group")
+        if group is not None and (not isinstance(group, str) or not _GROUP_RE.match(group)):
+            raise HugepageError(
+                f"{where}.group is {group!r}; give a group name (letters, digits, '_', '.', '-', "
+                "starting with a letter or '_') or a numeric gid, or leave it out"
+            )
+        mount = Mount(normal, size, mode, group)
+        if len(mount.unit) > _UNIT_NAME_MAX:
+            raise HugepageError(
+                f"{where}.path {normal}: its mount unit name {mount.unit} is longer than "
+                f"{_UNIT_NAME_MAX} characters; use a shorter path"
+            )
+        out.append(mount)
+    return tuple(sorted(out, key=lambda m: m.path))
+
+
+def mount_pagesize(size_kb: int) -> str:
+    """hugetlbfs' pagesize= text: 1048576 -> '1G', 2048 -> '2M', 64 -> '64kB'."""
+    if size_kb % (1 << 20) == 0:
+        return f"{size_kb >> 20}G"
+    if size_kb % (1 << 10) == 0:
+        return f"{size_kb >> 10}M"
+    return f"{size_kb}kB"
+
+
+def render_mount(mount: Mount) -> str:
+    """The text of the mount unit of ``mount`` (a hugetlbfs of its page size, early at boot)."""
+    options = f"pagesize={mount_pagesize(mount.size_kb)},mode={mount.mode}"
+    if mount.group is not None:
+        options += f",gid={mount.group}"
+    where = mount.path.replace("%", "%%")
+    return "\n".join(
+        [
+            HEADER,
+            "[Unit]",
+            f"Description=numafleet hugetlbfs, {mount_pagesize(mount.size_kb)} pages, at {where}",
+            "DefaultDependencies=no",
+            "Before=sysinit.target",
+            "",
+            "[Mount]",
+            "What=hugetlbfs",
+            f"Where={where}",
+            "Type=hugetlbfs",
+            f"Options={options}",
+            "",
+            "[Install]",
+            "WantedBy=sysinit.target",
+            "",
+        ]
+    )
+
+
+def offered_sizes(offered: dict) -> list:
+    """Sorted page sizes (kB) the kernel has a pool of on any node ({node: sizes})."""
+    return sorted({size for sizes in offered.values() for size in sizes})
+
+
 # --- state file --------------------------------------------------------------------------------
 
 
@@ -135,6 +315,7 @@ class State:
     boot_pools: tuple = ()  # ((node, size_kb, count), ...) reserved on the kernel command line
     kernel_args: tuple = ()
     bootloader: str = "none"
+    mounts: tuple = ()  # names of the hugetlbfs mount units written (below /etc/systemd/system)
 
 
 def _pool_triples(entries, where: str, fix: str, path: str) -> tuple:
@@ -181,6 +362,15 @@ def parse_state(text: str, path: str) -> State:
         raise HugepageError(
             f"{path}: bootloader {bootloader!r} is not one of {', '.join(BOOTLOADERS)}. {fix}"
         )
+    mounts = data.get("mounts", [])
+    if not isinstance(mounts, list) or not all(
+        isinstance(name, str)
+        and name.endswith(".mount")
+        and "/" not in name
+        and name not in (".mount", "..mount")
+        for name in mounts
+    ):
+        raise HugepageError(f"{path}: mounts is not a list of mount unit names. {fix}")
     return State(
         managed_sizes_kb=tuple(sorted(set(sizes))),
         pools=_pool_triples(data.get("pools", []), "pools", fix, path),
@@ -188,6 +378,7 @@ def parse_state(text: str, path: str) -> State:
         boot_pools=_pool_triples(data.get("boot_pools", []), "boot_pools", fix, path),
         kernel_args=tuple(args),
         bootloader=bootloader,
+        mounts=tuple(sorted(set(mounts))),
     )
 
 
@@ -202,6 +393,8 @@ def render_state(state: State) -> str:
         "kernel_args": list(state.kernel_args),
         "bootloader": state.bootloader,
     }
+    if state.mounts:  # only when there are any: a state without mounts stays as it was
+        data["mounts"] = list(state.mounts)
     return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 
@@ -770,6 +963,26 @@ class HugepagePlan:
     cmdline_changed: bool
     bootloader: str
     service_manager: str
+    mounts: tuple = ()  # Mount, sorted by path
+    mount_units: tuple = ()  # (unit name, create|update|remove|unchanged), sorted by name
+
+    def _mount_units(self, state: str) -> list:
+        return [unit for unit, how in self.mount_units if how == state]
+
+    @property
+    def mount_start(self) -> list:
+        """Mount units created in this run: to enable and start."""
+        return self._mount_units("create")
+
+    @property
+    def mount_restart(self) -> list:
+        """Mount units changed in this run: to remount (restart)."""
+        return self._mount_units("update")
+
+    @property
+    def mount_stop(self) -> list:
+        """Mount units removed in this run: to disable and stop (before systemd reloads)."""
+        return self._mount_units("remove")
 
     @property
     def reload_needed(self) -> bool:
@@ -785,9 +998,14 @@ class HugepagePlan:
 
     def would_run(self) -> list:
         """The commands the caller's handlers run after this change, in order."""
-        lines = []
+        lines = [f"systemctl disable --now {unit}" for unit in self.mount_stop]
+        mounts_changed = any(how != "unchanged" for dummy, how in self.mount_units)
+        if self.reload_needed or mounts_changed:
+            lines.append("systemctl daemon-reload")
         if self.reload_needed:
-            lines += ["systemctl daemon-reload", f"systemctl enable {UNIT_NAME}"]
+            lines.append(f"systemctl enable {UNIT_NAME}")
+        lines.extend(f"systemctl restart {unit}" for unit in self.mount_restart)
+        lines.extend(f"systemctl enable --now {unit}" for unit in self.mount_start)
         if self.cmdline_changed:
             if self.bootloader == "grub_d":
                 lines.append("update-grub")
@@ -839,6 +1057,8 @@ class HugepagePlan:
 
     def as_result(self, check_mode: bool, diff: bool) -> dict:
         """The module's result (``diff`` only when asked for)."""
+        handlers = not check_mode and self.service_manager == "systemd"
+        states = dict(self.mount_units)
         result = dict(
             changed=self.changed,
             pools=[pool.as_dict() for pool in self.pools],
@@ -854,6 +1074,20 @@ class HugepagePlan:
             handler_enable=self.reload_needed
             and not check_mode
             and self.service_manager == "systemd",
+            mounts=[
+                {
+                    "path": mount.path,
+                    "unit": mount.unit,
+                    "size_kb": mount.size_kb,
+                    "mode": mount.mode,
+                    "group": mount.group,
+                    "state": states.get(mount.unit, "unchanged"),
+                }
+                for mount in self.mounts
+            ],
+            handler_mount_start=self.mount_start if handlers else [],
+            handler_mount_restart=self.mount_restart if handlers else [],
+            handler_mount_stop=self.mount_stop if handlers else [],
         )
         if diff:
             result["diff"] = self.diff()
@@ -884,6 +1118,7 @@ def plan_hugepages(
     service_manager: str = "systemd",
     boot_reserve_sizes_kb=(),
     bootloader: str = "auto",
+    mounts=(),
 ) -> HugepagePlan:
     """The whole change of one run, computed before anything is written; raises HugepageError."""
     desired = parse_pools(pools)
@@ -897,6 +1132,7 @@ def plan_hugepages(
     managed = sorted(wanted_sizes | set(previous.managed_sizes_kb))
     nodes, current, offered = read_pools(sysfs_root, procfs_root, managed)
     changes, warnings = plan_pools(nodes, current, desired, managed, boot_sizes, offered)
+    wanted_mounts = parse_mounts(list(mounts), offered_sizes(offered))
 
     args = kernel_args({(c.node, c.size_kb): c.desired for c in changes if c.boot}, boot_sizes)
     if args:
@@ -930,10 +1166,13 @@ def plan_hugepages(
         boot_pools=boot_pools,
         kernel_args=tuple(args),
         bootloader=loader if args else "none",
+        mounts=tuple(sorted(mount.unit for mount in wanted_mounts)),
     )
 
     files: list = []
-    persist = state is not None or bool(next_managed) or bool(args)
+    mount_units = _mount_changes(root, wanted_mounts, previous.mounts)
+    files.extend(change for dummy, change in mount_units)
+    persist = state is not None or bool(next_managed) or bool(args) or bool(wanted_mounts)
     if persist:
         for path, text in (
             (STATE_PATH, render_state(new_state)),
@@ -960,7 +1199,38 @@ def plan_hugepages(
         cmdline_changed=cmdline_changed,
         bootloader=loader,
         service_manager=service_manager,
+        mounts=wanted_mounts,
+        mount_units=tuple(sorted((unit, change.state) for unit, change in mount_units)),
     )
+
+
+def _mount_changes(root: str, wanted: tuple, previous: tuple) -> list:
+    """[(unit, FileChange)]: the wanted mount units, and the earlier run's ones no longer wanted.
+
+    A unit file that is there, was not written by an earlier run and lacks the numafleet header
+    is somebody else's: raises HugepageError rather than overwrite it.
+    """
+    out = []
+    for mount in wanted:
+        change = _file_change(root, mount.unit_path, render_mount(mount), FILE_MODE)
+        if (
+            change.before is not None
+            and mount.unit not in previous
+            and not change.before.startswith(HEADER)
+        ):
+            raise HugepageError(
+                f"{under_root(root, mount.unit_path)}: a mount unit for {mount.path} is there and "
+                "was not written by numafleet.tuning; remove it (or choose another mounts path) "
+                "and run again"
+            )
+        out.append((mount.unit, change))
+    wanted_units = {mount.unit for mount in wanted}
+    for unit in previous:
+        if unit not in wanted_units:
+            change = _file_change(root, f"{MOUNT_UNIT_DIR}/{unit}", None, FILE_MODE)
+            if change is not None:
+                out.append((unit, change))
+    return out
 
 
 def apply_hugepages(

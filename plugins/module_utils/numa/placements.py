@@ -39,16 +39,21 @@ PLACEMENT_KEYS = (
 )
 TENANT_KEYS = ("name", "memory_max", "description")
 HUGEPAGE_KEYS = ("size", "count")
+HUGEPAGES_EXTRA_KEYS = ("node", "size", "count")
 MPS_KEYS = ("active_thread_percentage", "pinned_memory_limit")
 # Set by the planner from the GPUs it picks: a user value would point at other devices.
 RESERVED_ENV = ("CUDA_VISIBLE_DEVICES",)
 
 DEFAULT_HEADROOM_PCT = 15
-_KEY_SETS = {keys: frozenset(keys) for keys in (PLACEMENT_KEYS, TENANT_KEYS, HUGEPAGE_KEYS)}
+_KEY_SETS = {
+    keys: frozenset(keys)
+    for keys in (PLACEMENT_KEYS, TENANT_KEYS, HUGEPAGE_KEYS, HUGEPAGES_EXTRA_KEYS)
+}
 PLACEMENTS_VAR = "numafleet_placements"
 TENANTS_VAR = "numafleet_tenants"
 RESERVED_VAR = "numafleet_reserved_cpus"
 HEADROOM_VAR = "numafleet_memory_headroom_pct"
+HUGEPAGES_EXTRA_VAR = "numafleet_hugepages_extra"
 
 _PLACEMENT_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 _TENANT_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
@@ -75,6 +80,21 @@ _CONTROL_NAMES = {"\t": "a tab", "\n": "a newline", "\r": "a carriage return"}
 class Hugepages:
     size_kb: int
     count: int
+
+
+@dataclass(frozen=True)
+class HugepagesExtra:
+    """An entry of numafleet_hugepages_extra: pages reserved on a node outside the placements."""
+
+    index: int
+    node: int
+    size_kb: int
+    count: int
+
+    @property
+    def where(self) -> str:
+        """The variable path of this entry, as error messages name it."""
+        return f"{HUGEPAGES_EXTRA_VAR}[{self.index}]"
 
 
 @dataclass(frozen=True)
@@ -360,14 +380,22 @@ def _ambiguous_cpus(host: str, where: str, value: str, cpu: int) -> PlacementErr
     )
 
 
+def _hugepage_size_kb(value) -> Optional[int]:
+    """kB of a hugepage size (2M, 1G, '2048kB'; an int is bytes); None unless a power of two >= 4."""
+    size_kb = parse_size_kb(value)
+    if size_kb is None or size_kb < 4 or size_kb & (size_kb - 1):
+        return None
+    return size_kb
+
+
 def _hugepages(host: str, where: str, value) -> Optional[Hugepages]:
     if value is None:
         return None
     if not isinstance(value, dict):
         raise _fail(host, f"{where}.hugepages: write a mapping like {{size: 2M, count: 512}}")
     _check_keys(host, f"{where}.hugepages", value, HUGEPAGE_KEYS)
-    size_kb = parse_size_kb(value.get("size"))
-    if size_kb is None or size_kb < 4 or size_kb & (size_kb - 1):
+    size_kb = _hugepage_size_kb(value.get("size"))
+    if size_kb is None:
         raise _fail(
             host,
             f"{where}.hugepages.size: {value.get('size')!r} is not a hugepage size; "
@@ -740,3 +768,55 @@ def parse_policy(host: str, raw: Optional[dict]) -> Policy:
             "(memory per node kept free when planning)",
         )
     return Policy(tuple(cpus), headroom)
+
+
+def _extra_size_kb(value) -> Optional[int]:
+    """kB of a numafleet_hugepages_extra size: 2M, 1G, '2048kB', or a number of kB (2048)."""
+    if _is_int(value):
+        value = f"{value}K"
+    elif isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
+        value = f"{value.strip()}K"  # a quoted number: kB as well, as the unquoted one
+    return _hugepage_size_kb(value)
+
+
+def parse_hugepages_extra(host: str, raw) -> list:
+    """HugepagesExtra dataclasses of numafleet_hugepages_extra (None = []); raises PlacementError.
+
+    Only the shape is checked here; the node and the page size are checked against the host's
+    facts by the planner.
+    """
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise _fail(
+            host,
+            f"{HUGEPAGES_EXTRA_VAR}: {raw!r} is not a list; write a list of "
+            "{node: 0, size: 2M, count: 512}",
+        )
+    extras = []
+    for index, entry in enumerate(raw):
+        where = f"{HUGEPAGES_EXTRA_VAR}[{index}]"
+        if not isinstance(entry, dict):
+            raise _fail(
+                host,
+                f"{where}: {entry!r} is not a mapping; write {{node: 0, size: 2M, count: 512}}",
+            )
+        _check_keys(host, where, entry, HUGEPAGES_EXTRA_KEYS)
+        node = entry.get("node")
+        if not _is_int(node) or node < 0:
+            raise _fail(host, f"{where}.node: {node!r} is not a NUMA node id; write e.g. node: 0")
+        size = entry.get("size")
+        size_kb = _extra_size_kb(size)
+        if size_kb is None:
+            raise _fail(
+                host,
+                f"{where}.size: {size!r} is not a hugepage size; write 2M, 1G or the page size "
+                "in kB (2048)",
+            )
+        count = entry.get("count")
+        if not _is_int(count) or count < 0:
+            raise _fail(
+                host, f"{where}.count: {count!r} is not a count >= 0; write e.g. count: 512"
+            )
+        extras.append(HugepagesExtra(index, node, size_kb, count))
+    return extras

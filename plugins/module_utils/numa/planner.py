@@ -16,10 +16,12 @@ from .errors import PlacementError, PlanError
 from .placements import (
     GPU_SHORT_ADDRESS,
     HEADROOM_VAR,
+    HUGEPAGES_EXTRA_VAR,
     PLACEMENTS_VAR,
     RESERVED_VAR,
     TENANTS_VAR,
     format_kb,
+    parse_hugepages_extra,
     parse_placements,
     parse_policy,
     parse_tenants,
@@ -249,6 +251,7 @@ class _Host:
             for nid in self.mem_nodes
         }
         self.hp_planned: dict = {}
+        self.hp_extra: dict = {}  # node -> {size_kb: count} of numafleet_hugepages_extra
         self.near_mem = {
             nid: (
                 [nid]
@@ -355,6 +358,49 @@ class _Host:
             if self.used_kb[nid] + need_kb + hp_kb <= self.budget[nid]:
                 return nid
         return None
+
+    def _sizes_text(self, nodes) -> str:
+        offered = sorted({s for nid in nodes for s in self.hp_sizes[nid]})
+        return ", ".join(f"{s}K" if s < 1024 else format_kb(s) for s in offered) or "none"
+
+    def reserve_extra(self, extras: list) -> None:
+        """Charge numafleet_hugepages_extra to its nodes, before any placement is planned."""
+        for extra in extras:
+            where, nid = extra.where, extra.node
+            if nid not in self.node:
+                raise PlacementError(
+                    self.host,
+                    f"{where}.node: node {nid} does not exist (nodes: "
+                    f"{', '.join(str(n) for n in self.node_ids)}); pick an existing node",
+                )
+            if nid not in self.budget:
+                raise PlacementError(
+                    self.host,
+                    f"{where}.node: node {nid} has no memory for hugepages (kind "
+                    f"{self.node[nid].get('kind')}); pick one of "
+                    f"{', '.join(str(n) for n in self.mem_nodes) or 'none'}",
+                )
+            if extra.size_kb not in self.hp_sizes[nid]:
+                raise PlacementError(
+                    self.host,
+                    f"{where}.size: {format_kb(extra.size_kb)} pages are not offered by node "
+                    f"{nid} (offered: {self._sizes_text([nid])}); pick an offered size",
+                )
+            need_kb = extra.size_kb * extra.count
+            used = self.used_kb[nid]
+            if used + need_kb > self.budget[nid]:
+                earlier = f", {format_kb(used)} of it taken by earlier entries" if used else ""
+                raise PlacementError(
+                    self.host,
+                    f"{where}: {extra.count} x {format_kb(extra.size_kb)} pages "
+                    f"({format_kb(need_kb)}) do not fit in the memory budget of node {nid} "
+                    f"({format_kb(self.budget[nid])}, capacity minus headroom{earlier}); lower "
+                    f"count, lower {HEADROOM_VAR}, or put some of the pages on another node",
+                )
+            self.used_kb[nid] = used + need_kb
+            for pools in (self.hp_planned, self.hp_extra):
+                sizes = pools.setdefault(nid, {})
+                sizes[extra.size_kb] = sizes.get(extra.size_kb, 0) + extra.count
 
     def groups_for(self, nid: int, count: int) -> int:
         """How many free groups (lowest first) of a node cover count CPUs; -1 if too few."""
@@ -1043,6 +1089,11 @@ class _Planner:
                 f"node next to its CPUs{on}, within the budget (capacity minus headroom)"
             )
             fix = f"Lower memory or hugepages, lower {HEADROOM_VAR}, or remove another placement."
+            if state.hp_extra:
+                fix = (
+                    f"Lower memory or hugepages, lower {HUGEPAGES_EXTRA_VAR} (reserved first), "
+                    f"lower {HEADROOM_VAR}, or remove another placement."
+                )
         else:
             need = (
                 f"needs {_count(p.gpu_count, 'GPU')} and {_count(p.cpu_count, 'CPU')} together{on}"
@@ -1468,14 +1519,23 @@ def _check_tenant_memory(host: str, tenants: list, placements: list) -> None:
         )
 
 
-def plan_host(host, numa, gpu_topology, placements, tenants, policy) -> dict:
-    """The plan (fact numafleet_plan) of one host; raises PlanError (PlacementError for bad vars)."""
+def plan_host(host, numa, gpu_topology, placements, tenants, policy, hugepages_extra=None) -> dict:
+    """The plan (fact numafleet_plan) of one host; raises PlanError (PlacementError for bad vars).
+
+    hugepages_extra (numafleet_hugepages_extra, also read from policy["hugepages_extra"] when not
+    given) are pages wanted outside the placements: they are reserved on their node before any
+    placement is planned, count against its memory budget, and are part of nodes[].hugepages.
+    """
+    if hugepages_extra is None:
+        hugepages_extra = (policy or {}).get("hugepages_extra")
     parsed_policy = parse_policy(host, policy)
+    parsed_extra = parse_hugepages_extra(host, hugepages_extra)
     parsed_tenants = parse_tenants(host, tenants)
     parsed = parse_placements(host, placements, parsed_tenants)
     if parsed_tenants:
         _check_tenant_memory(host, parsed_tenants, parsed)
     state = _Host(host, numa, gpu_topology, parsed_policy)
+    state.reserve_extra(parsed_extra)
     planner = _Planner(state, parsed)
     planner.run()
     tenants_out = []
@@ -1501,6 +1561,7 @@ def plan_host(host, numa, gpu_topology, placements, tenants, policy) -> dict:
     for nid in state.node_ids:
         node = state.node[nid]
         pools = state.hp_planned.get(nid, {})
+        extra = state.hp_extra.get(nid, {})
         nodes_out.append(
             {
                 "id": nid,
@@ -1512,6 +1573,9 @@ def plan_host(host, numa, gpu_topology, placements, tenants, policy) -> dict:
                 "cpus_planned": sorted(planned.get(nid, [])),
                 "hugepages": [
                     {"size_kb": size, "count": pools[size]} for size in sorted(pools) if pools[size]
+                ],
+                "hugepages_extra": [
+                    {"size_kb": size, "count": extra[size]} for size in sorted(extra) if extra[size]
                 ],
                 "gpus": gpus_by_node.get(nid, []),
             }

@@ -81,6 +81,23 @@ def test_explicit_facts_win_and_no_gpu_facts_mean_no_gpus(a100_facts):
     assert result["msg"].startswith("host gpu-a100-01: numafleet_placements[0] (llm)")
 
 
+def test_hugepages_extra_are_planned(a100_facts):
+    extra = [{"node": 1, "size": "2M", "count": 512}]
+    result = run_action({"placements": [LLM], "hugepages_extra": extra}, a100_facts)
+    node1 = result["ansible_facts"]["numafleet_plan"]["nodes"][1]
+    assert node1["hugepages_extra"] == [{"size_kb": 2048, "count": 512}]
+    assert {"size_kb": 2048, "count": 512} in node1["hugepages"]
+    assert (
+        run_action({"hugepages_extra": None}, a100_facts)["summary"] == "gpu-a100-01: 0 placements"
+    )
+    bad = run_action({"hugepages_extra": [{"node": 1, "size": "2M"}]}, a100_facts)
+    assert bad["failed"] is True
+    assert bad["msg"] == (
+        "host gpu-a100-01: numafleet_hugepages_extra[0].count: None is not a count >= 0; "
+        "write e.g. count: 512"
+    )
+
+
 def test_a_bad_placement_fails_with_the_planners_message(a100_facts):
     bad = dict(LLM, memory="64 gigs")
     result = run_action({"placements": [bad]}, a100_facts)

@@ -236,3 +236,86 @@ def test_a_malformed_state_file_fails_with_its_path(run_module, host):
     result = run_module("numa_hugepages", args(host, GROW))
     assert result["failed"] is True
     assert result["msg"].startswith(os.path.join(host["root"], STATE) + ": is not JSON")
+
+
+MOUNTS = [
+    {"path": "/dev/hugepages1G", "size_kb": 1048576},
+    {"path": "/mnt/huge-2m", "size_kb": 2048, "mode": "0770", "group": "llm"},
+]
+MOUNT_UNITS = ["dev-hugepages1G.mount", "mnt-huge\\x2d2m.mount"]
+
+
+def test_mounts_check_mode_writes_nothing_then_apply_then_unchanged(run_module, host):
+    before = tree_hash(host["fsroot"])
+    check = run_module(
+        "numa_hugepages", args(host, GROW, mounts=MOUNTS), check_mode=True, diff=True
+    )
+    assert check["failed"] is False and check["changed"] is True
+    assert tree_hash(host["fsroot"]) == before and not os.path.exists(host["root"])
+    headers = [entry["after_header"] for entry in check["diff"][1:]]
+    assert "/etc/systemd/system/dev-hugepages1G.mount" in headers
+    assert "/etc/systemd/system/mnt-huge\\x2d2m.mount" in headers
+    assert [m["state"] for m in check["mounts"]] == ["create", "create"]
+    assert check["handler_mount_start"] == []  # check mode: nothing for the handlers
+    assert check["would_run"][-2:] == [f"systemctl enable --now {unit}" for unit in MOUNT_UNITS]
+
+    first = run_module("numa_hugepages", args(host, GROW, mounts=MOUNTS))
+    assert first["changed"] is True and first["files"] == check["files"]
+    assert first["handler_mount_start"] == []  # service_manager none (render mode)
+    assert first["would_run"] == check["would_run"]
+    unit = os.path.join(host["root"], "etc/systemd/system", MOUNT_UNITS[1])
+    with open(unit, encoding="utf-8") as handle:
+        assert "Options=pagesize=2M,mode=0770,gid=llm" in handle.read().splitlines()
+    with open(os.path.join(host["root"], STATE), encoding="utf-8") as handle:
+        assert json.load(handle)["mounts"] == MOUNT_UNITS
+
+    after_first = tree_hash(host["fsroot"], host["root"])
+    second = run_module("numa_hugepages", args(host, GROW, mounts=MOUNTS), diff=True)
+    assert second["changed"] is False and second["diff"] == [] and second["would_run"] == []
+    assert [m["state"] for m in second["mounts"]] == ["unchanged", "unchanged"]
+    assert tree_hash(host["fsroot"], host["root"]) == after_first
+
+
+def test_mounts_handlers_with_systemd_and_removal(run_module, host):
+    first = run_module("numa_hugepages", args(host, GROW, mounts=MOUNTS, service_manager="systemd"))
+    assert first["handler_mount_start"] == MOUNT_UNITS
+    assert first["handler_mount_restart"] == [] and first["handler_mount_stop"] == []
+    changed = [dict(MOUNTS[0], mode="0700")]
+    second = run_module(
+        "numa_hugepages", args(host, GROW, mounts=changed, service_manager="systemd")
+    )
+    assert second["changed"] is True
+    assert second["handler_mount_start"] == []
+    assert second["handler_mount_restart"] == [MOUNT_UNITS[0]]
+    assert second["handler_mount_stop"] == [MOUNT_UNITS[1]]
+    assert second["would_run"] == [
+        f"systemctl disable --now {MOUNT_UNITS[1]}",
+        "systemctl daemon-reload",
+        f"systemctl restart {MOUNT_UNITS[0]}",
+    ]
+    assert not os.path.exists(os.path.join(host["root"], "etc/systemd/system", MOUNT_UNITS[1]))
+    third = run_module(
+        "numa_hugepages", args(host, GROW, mounts=changed, service_manager="systemd")
+    )
+    assert third["changed"] is False and third["handler_mount_restart"] == []
+
+
+@pytest.mark.parametrize(
+    ("mounts", "fragment"),
+    [
+        ([{"path": "relative", "size_kb": 2048}], "mounts[0].path is 'relative'; it must be"),
+        ([{"path": "/", "size_kb": 2048}], "mounts[0].path is '/'; hugetlbfs cannot be mounted"),
+        (
+            [{"path": "/a", "size_kb": 2048}, {"path": "/a/", "size_kb": 2048}],
+            "mounts[1].path /a is also mounts[0].path",
+        ),
+        ([{"path": "/a", "size_kb": 64}], "mounts[0].size_kb is 64; this kernel has no 64 kB"),
+        ([{"path": "/a", "size_kb": 2048, "mode": "rwx"}], "mounts[0].mode is 'rwx'"),
+    ],
+)
+def test_bad_mounts_fail_and_write_nothing(run_module, host, mounts, fragment):
+    before = tree_hash(host["fsroot"])
+    result = run_module("numa_hugepages", args(host, GROW, mounts=mounts))
+    assert result["failed"] is True and fragment in result["msg"]
+    assert "exception" not in result
+    assert tree_hash(host["fsroot"]) == before and not os.path.exists(host["root"])

@@ -747,3 +747,254 @@ def test_unit_orders_itself_early_and_waits_for_the_state():
 def test_boot_program_is_valid_python():
     compile(hp.BOOT_PROGRAM, hp.PROGRAM_PATH, "exec")
     assert hp.BOOT_PROGRAM.startswith("#!/usr/bin/python3\n")
+
+
+# --- hugetlbfs mounts ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "escaped"),
+    [
+        ("/dev/hugepages1G", "dev-hugepages1G"),
+        ("/mnt/huge-1g", "mnt-huge\\x2d1g"),
+        ("/dev/hugepages", "dev-hugepages"),
+        ("/", "-"),
+        ("/a//b/", "a-b"),
+        ("/.hidden/x.y", "\\x2ehidden-x.y"),
+        ("/srv/a.b/.c", "srv-a.b-.c"),
+        ("/mnt/a b", "mnt-a\\x20b"),
+        ("/mnt/100%", "mnt-100\\x25"),
+        ("/mnt/back\\slash", "mnt-back\\x5cslash"),
+        ("/mnt/a:b_c", "mnt-a:b_c"),
+        ("/mnt/\u00e4", "mnt-\\xc3\\xa4"),
+    ],
+)
+def test_escape_path_is_systemd_escape_path(path, escaped):
+    assert hp.escape_path(path) == escaped
+
+
+@pytest.mark.skipif(shutil.which("systemd-escape") is None, reason="systemd-escape is missing")
+@pytest.mark.parametrize("path", ["/dev/hugepages1G", "/mnt/huge-1g", "/.x/a-b", "/a b/%\u00e4"])
+def test_escape_path_matches_the_real_tool(path):
+    proc = subprocess.run(
+        ["systemd-escape", "--path", path],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, LC_ALL="C"),
+        timeout=30,
+        check=True,
+    )
+    assert hp.escape_path(path) == proc.stdout.strip()
+
+
+def test_parse_mounts_normalizes_defaults_and_sorts():
+    got = hp.parse_mounts(
+        [
+            {"path": "/mnt/huge-1g/", "size_kb": G1, "group": "llm"},
+            {"path": "/dev//hugepages2M", "size_kb": M2, "mode": "0755"},
+        ],
+        [M2, G1],
+    )
+    assert got == (
+        hp.Mount("/dev/hugepages2M", M2, "0755", None),
+        hp.Mount("/mnt/huge-1g", G1, "1770", "llm"),
+    )
+    assert [m.unit for m in got] == ["dev-hugepages2M.mount", "mnt-huge\\x2d1g.mount"]
+    assert got[1].unit_path == "/etc/systemd/system/mnt-huge\\x2d1g.mount"
+
+
+@pytest.mark.parametrize(
+    ("mounts", "fragment"),
+    [
+        ("x", "mounts: 'x' is not a list"),
+        (["x"], "mounts[0]: 'x' is not a mapping"),
+        ([{"path": "dev/hp", "size_kb": M2}], "mounts[0].path is 'dev/hp'; it must be an absolute"),
+        ([{"path": None, "size_kb": M2}], "mounts[0].path is None; it must be an absolute path"),
+        ([{"path": "/", "size_kb": M2}], "mounts[0].path is '/'; hugetlbfs cannot be mounted on /"),
+        ([{"path": "//", "size_kb": M2}], "hugetlbfs cannot be mounted on /"),
+        (
+            [{"path": "/mnt/a\nb", "size_kb": M2}],
+            "mounts[0].path is '/mnt/a\\nb'; it holds a control",
+        ),
+        ([{"path": "/mnt/a\tb", "size_kb": M2}], "control character"),
+        ([{"path": "/mnt/../etc", "size_kb": M2}], "'.' or '..' component"),
+        (
+            [{"path": "/dev/hp", "size_kb": M2}, {"path": "/dev//hp/", "size_kb": G1}],
+            "mounts[1].path /dev/hp is also mounts[0].path; give each mount point once",
+        ),
+        (
+            [{"path": "/dev/hp", "size_kb": 4096}],
+            "mounts[0].size_kb is 4096; this kernel has no 4096 kB hugepages (offered: 2048, "
+            "1048576). Use a page size the kernel offers",
+        ),
+        ([{"path": "/dev/hp", "size_kb": "2M"}], "mounts[0].size_kb is '2M'; it must be a page"),
+        ([{"path": "/dev/hp", "size_kb": M2, "mode": "777x"}], "mounts[0].mode is '777x'; give"),
+        ([{"path": "/dev/hp", "size_kb": M2, "mode": 1770}], "mounts[0].mode is 1770; give the"),
+        ([{"path": "/dev/hp", "size_kb": M2, "group": "a,b"}], "mounts[0].group is 'a,b'; give a"),
+        ([{"path": "/" + "x" * 300, "size_kb": M2}], "is longer than 255 characters"),
+    ],
+)
+def test_parse_mounts_refuses_bad_entries(mounts, fragment):
+    with pytest.raises(hp.HugepageError) as exc:
+        hp.parse_mounts(mounts, [M2, G1])
+    assert fragment in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("size", "text"), [(G1, "1G"), (M2, "2M"), (64, "64kB"), (16 << 20, "16G"), (512, "512kB")]
+)
+def test_mount_pagesize(size, text):
+    assert hp.mount_pagesize(size) == text
+
+
+def test_render_mount_unit():
+    text = hp.render_mount(hp.Mount("/mnt/huge-1g", G1, "1770", "llm"))
+    assert text.splitlines() == [
+        hp.HEADER,
+        "[Unit]",
+        "Description=numafleet hugetlbfs, 1G pages, at /mnt/huge-1g",
+        "DefaultDependencies=no",
+        "Before=sysinit.target",
+        "",
+        "[Mount]",
+        "What=hugetlbfs",
+        "Where=/mnt/huge-1g",
+        "Type=hugetlbfs",
+        "Options=pagesize=1G,mode=1770,gid=llm",
+        "",
+        "[Install]",
+        "WantedBy=sysinit.target",
+    ]
+    plain = hp.render_mount(hp.Mount("/dev/hugepages2M", M2))
+    assert "Options=pagesize=2M,mode=1770" in plain.splitlines()
+    assert "Where=/mnt/100%%" in hp.render_mount(hp.Mount("/mnt/100%", M2)).splitlines()
+
+
+@pytest.mark.skipif(SYSTEMD_ANALYZE is None, reason="systemd-analyze is not installed")
+@pytest.mark.parametrize(
+    "mount",
+    [
+        hp.Mount("/dev/hugepages1G", G1),
+        hp.Mount("/mnt/huge-1g", G1, "0770", "llm"),
+        hp.Mount("/mnt/a b%", M2, "1777"),
+    ],
+)
+def test_mount_unit_passes_systemd_analyze_verify_silently(tmp_path, mount):
+    unit = tmp_path / mount.unit  # names with \x2d only ever exist below tmp_path
+    unit.write_text(hp.render_mount(mount))
+    assert _verify(unit) == []
+
+
+MOUNT_1G = {"path": "/dev/hugepages1G", "size_kb": G1}
+MOUNT_2M = {"path": "/mnt/huge-2m", "size_kb": M2, "mode": "0770", "group": "llm"}
+UNIT_1G = "/etc/systemd/system/dev-hugepages1G.mount"
+UNIT_2M = "/etc/systemd/system/mnt-huge\\x2d2m.mount"
+
+
+def test_mounts_render_then_settle_then_are_removed(fixture_root, tmp_path):
+    sysfs, procfs = qemu(fixture_root)
+    root = tmp_path / "root"
+    root.mkdir()
+    wanted = pools_of((0, M2, 16), (1, M2, 48))
+    before = snapshot(sysfs, root)
+    first = plan(sysfs, procfs, root, wanted, mounts=[MOUNT_2M, MOUNT_1G])
+    assert snapshot(sysfs, root) == before  # planning (check mode) writes nothing
+    assert first.changed
+    assert first.mount_start == ["dev-hugepages1G.mount", "mnt-huge\\x2d2m.mount"]
+    assert first.mount_restart == [] and first.mount_stop == []
+    assert (UNIT_1G, "create") in [(c.path, c.state) for c in first.files]
+    assert first.would_run() == [
+        "systemctl daemon-reload",
+        "systemctl enable numafleet-hugepages.service",
+        "systemctl enable --now dev-hugepages1G.mount",
+        "systemctl enable --now mnt-huge\\x2d2m.mount",
+    ]
+    result = first.as_result(check_mode=False, diff=True)
+    assert result["handler_mount_start"] == first.mount_start
+    assert result["mounts"][0] == {
+        "path": "/dev/hugepages1G",
+        "unit": "dev-hugepages1G.mount",
+        "size_kb": G1,
+        "mode": "1770",
+        "group": None,
+        "state": "create",
+    }
+    assert UNIT_2M in [entry["after_header"] for entry in result["diff"]]
+    assert first.as_result(check_mode=True, diff=False)["handler_mount_start"] == []
+
+    hp.apply_hugepages(first, kernel())
+    unit_file = root / UNIT_2M.lstrip("/")
+    assert "Options=pagesize=2M,mode=0770,gid=llm" in unit_file.read_text().splitlines()
+    assert oct(os.stat(unit_file).st_mode & 0o777) == "0o644"
+    state = json.loads((root / hp.STATE_PATH.lstrip("/")).read_text())
+    assert state["mounts"] == ["dev-hugepages1G.mount", "mnt-huge\\x2d2m.mount"]
+
+    again = plan(sysfs, procfs, root, wanted, mounts=[MOUNT_1G, MOUNT_2M])
+    assert not again.changed and again.would_run() == [] and again.diff() == []
+    assert {state for dummy, state in again.mount_units} == {"unchanged"}
+
+    changed = plan(sysfs, procfs, root, wanted, mounts=[dict(MOUNT_1G, mode="0700")])
+    assert changed.mount_restart == ["dev-hugepages1G.mount"]
+    assert changed.mount_stop == ["mnt-huge\\x2d2m.mount"]
+    assert changed.would_run() == [
+        "systemctl disable --now mnt-huge\\x2d2m.mount",
+        "systemctl daemon-reload",
+        "systemctl restart dev-hugepages1G.mount",
+    ]
+    assert (UNIT_2M, "remove") in [(c.path, c.state) for c in changed.files]
+    hp.apply_hugepages(changed, kernel())
+    assert not unit_file.exists()
+    state = json.loads((root / hp.STATE_PATH.lstrip("/")).read_text())
+    assert state["mounts"] == ["dev-hugepages1G.mount"]
+
+    none = plan(sysfs, procfs, root, wanted)
+    assert none.mount_stop == ["dev-hugepages1G.mount"]
+    hp.apply_hugepages(none, kernel())
+    assert not (root / UNIT_1G.lstrip("/")).exists()
+    state = json.loads((root / hp.STATE_PATH.lstrip("/")).read_text())
+    assert "mounts" not in state  # a state without mounts reads as before mounts existed
+    last = plan(sysfs, procfs, root, wanted)
+    assert not last.changed and last.mount_units == ()
+
+
+def test_mounts_alone_persist_the_state_for_their_removal(fixture_root, tmp_path):
+    sysfs, procfs = qemu(fixture_root)
+    root = tmp_path / "root"
+    first = plan(sysfs, procfs, root, [], mounts=[MOUNT_1G])
+    assert (hp.STATE_PATH, "create") in [(c.path, c.state) for c in first.files]
+    hp.apply_hugepages(first, kernel())
+    gone = plan(sysfs, procfs, root, [])
+    assert gone.mount_stop == ["dev-hugepages1G.mount"]
+
+
+def test_a_bad_mount_fails_before_anything_is_written(fixture_root, tmp_path):
+    sysfs, procfs = qemu(fixture_root)
+    root = tmp_path / "root"
+    root.mkdir()
+    before = snapshot(sysfs, root)
+    with pytest.raises(hp.HugepageError, match=r"mounts\[1\]\.size_kb is 64; this kernel has no"):
+        plan(
+            sysfs,
+            procfs,
+            root,
+            pools_of((0, M2, 32)),
+            mounts=[MOUNT_1G, {"path": "/x", "size_kb": 64}],
+        )
+    assert snapshot(sysfs, root) == before
+
+
+def test_a_foreign_mount_unit_is_never_overwritten(fixture_root, tmp_path):
+    sysfs, procfs = qemu(fixture_root)
+    root = tmp_path / "root"
+    foreign = root / UNIT_1G.lstrip("/")
+    foreign.parent.mkdir(parents=True)
+    foreign.write_text("[Mount]\nWhat=hugetlbfs\n")
+    with pytest.raises(hp.HugepageError, match="was not written by numafleet.tuning; remove it"):
+        plan(sysfs, procfs, root, [], mounts=[MOUNT_1G])
+
+
+@pytest.mark.parametrize("mounts", [{"a": 1}, ["x/y.mount"], [".mount"], ["a.service"], [1]])
+def test_a_state_with_bad_mounts_fails_with_the_fix(mounts):
+    text = json.dumps({"version": 1, "mounts": mounts})
+    with pytest.raises(hp.HugepageError, match="mounts is not a list of mount unit names"):
+        hp.parse_state(text, "/x.json")

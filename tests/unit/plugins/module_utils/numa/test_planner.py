@@ -343,6 +343,143 @@ def test_hugepage_size_the_node_does_not_offer():
     )
 
 
+# numafleet_hugepages_extra: planned, charged to the node first, part of nodes[].hugepages.
+
+
+def test_hugepages_extra_are_planned_on_their_node():
+    numa = synthetic(mem_gb=(8, 8))
+    extra = [
+        {"node": 0, "size": "2M", "count": 512},
+        {"node": 1, "size": "1G", "count": 1},
+        {"node": 0, "size": 2048, "count": 256},  # kB as a number
+        {"node": 1, "size": "2048kB", "count": 0},
+    ]
+    placements = [p("a", cpus=1, node=0, hugepages={"size": "2M", "count": 1024})]
+    result = plan_host("h", numa, None, placements, [], POLICY, hugepages_extra=extra)
+    node0, node1 = result["nodes"]
+    assert node0["hugepages"] == [{"size_kb": 2048, "count": 1024 + 512 + 256}]
+    assert node0["hugepages_extra"] == [{"size_kb": 2048, "count": 768}]
+    assert node0["planned_memory_kb"] == (1024 + 768) * 2048
+    assert node1["hugepages"] == node1["hugepages_extra"] == [{"size_kb": 1048576, "count": 1}]
+    assert node1["planned_memory_kb"] == 1 << 20
+    # Through the policy as well; and no extras: the same plan as before, with empty lists.
+    assert (
+        plan_host("h", numa, None, placements, [], {**POLICY, "hugepages_extra": extra}) == result
+    )
+    plain = plan_host("h", numa, None, placements, [], POLICY)
+    assert [n["hugepages_extra"] for n in plain["nodes"]] == [[], []]
+    assert plain["nodes"][0]["hugepages"] == [{"size_kb": 2048, "count": 1024}]
+    assert plan_host("h", numa, None, placements, [], POLICY, hugepages_extra=None) == plain
+
+
+def test_hugepages_extra_reduce_the_budget_of_their_node():
+    numa = synthetic(mem_gb=(8, 8))  # budget 6.8 GiB per node at 15 %
+    placements = [p("a", cpus=1, node=0, memory="5G")]
+    assert plan_host("h", numa, None, placements, [], POLICY)["placements"][0]["mems"] == [0]
+    extra = [{"node": 0, "size": "2M", "count": 1024}]  # 2 GiB first: 4.8 GiB left on node 0
+    with pytest.raises(PlanError) as err:
+        plan_host("h", numa, None, placements, [], POLICY, hugepages_extra=extra)
+    message = str(err.value)
+    assert message.startswith(
+        "host h: numafleet_placements[0] (a) needs 5 GiB memory (hugepages included) on the "
+        "memory node next to its CPUs on NUMA node 0, within the budget (capacity minus "
+        "headroom); free per node: node0 0 GPUs, 4 CPUs, 4.8 GiB memory; "
+    )
+    assert message.endswith(
+        "Lower memory or hugepages, lower numafleet_hugepages_extra (reserved first), lower "
+        "numafleet_memory_headroom_pct, or remove another placement."
+    )
+    # On the other node they leave node 0 alone.
+    other = [{"node": 1, "size": "2M", "count": 1024}]
+    result = plan_host("h", numa, None, placements, [], POLICY, hugepages_extra=other)
+    assert result["nodes"][1]["planned_memory_kb"] == 2 << 20
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            {"node": 0, "size": "2M", "count": 512},
+            "numafleet_hugepages_extra: {'node': 0, 'size': '2M', 'count': 512} is not a list; "
+            "write a list of {node: 0, size: 2M, count: 512}",
+        ),
+        (
+            ["0:2M:512"],
+            "numafleet_hugepages_extra[0]: '0:2M:512' is not a mapping; write "
+            "{node: 0, size: 2M, count: 512}",
+        ),
+        (
+            [{"node": 0, "size": "2M", "count": 1, "nodes": 1}],
+            "numafleet_hugepages_extra[0]: unknown key 'nodes'; allowed keys: node, size, count",
+        ),
+        (
+            [{"size": "2M", "count": 1}],
+            "numafleet_hugepages_extra[0].node: None is not a NUMA node id; write e.g. node: 0",
+        ),
+        (
+            [{"node": 0, "size": "2M", "count": 1}, {"node": -1, "size": "2M", "count": 1}],
+            "numafleet_hugepages_extra[1].node: -1 is not a NUMA node id; write e.g. node: 0",
+        ),
+        (
+            [{"node": True, "size": "2M", "count": 1}],
+            "numafleet_hugepages_extra[0].node: True is not a NUMA node id; write e.g. node: 0",
+        ),
+        (
+            [{"node": 0, "size": "3M", "count": 1}],
+            "numafleet_hugepages_extra[0].size: '3M' is not a hugepage size; write 2M, 1G or the "
+            "page size in kB (2048)",
+        ),
+        (
+            [{"node": 0, "count": 1}],
+            "numafleet_hugepages_extra[0].size: None is not a hugepage size; write 2M, 1G or the "
+            "page size in kB (2048)",
+        ),
+        (
+            [{"node": 0, "size": "2M", "count": -1}],
+            "numafleet_hugepages_extra[0].count: -1 is not a count >= 0; write e.g. count: 512",
+        ),
+        (
+            [{"node": 0, "size": "2M", "count": "512"}],
+            "numafleet_hugepages_extra[0].count: '512' is not a count >= 0; write e.g. count: 512",
+        ),
+        (
+            [{"node": 5, "size": "2M", "count": 1}],
+            "numafleet_hugepages_extra[0].node: node 5 does not exist (nodes: 0, 1, 2); pick an "
+            "existing node",
+        ),
+        (
+            [{"node": 2, "size": "2M", "count": 1}],
+            "numafleet_hugepages_extra[0].node: node 2 has no memory for hugepages (kind "
+            "cpu-only); pick one of 0, 1",
+        ),
+        (
+            [{"node": 1, "size": "1G", "count": 1}],
+            "numafleet_hugepages_extra[0].size: 1 GiB pages are not offered by node 1 (offered: "
+            "2 MiB); pick an offered size",
+        ),
+        (
+            [{"node": 0, "size": "1G", "count": 7}],
+            "numafleet_hugepages_extra[0]: 7 x 1 GiB pages (7 GiB) do not fit in the memory "
+            "budget of node 0 (6.8 GiB, capacity minus headroom); lower count, lower "
+            "numafleet_memory_headroom_pct, or put some of the pages on another node",
+        ),
+        (
+            [{"node": 0, "size": "1G", "count": 4}, {"node": 0, "size": "2M", "count": 2048}],
+            "numafleet_hugepages_extra[1]: 2048 x 2 MiB pages (4 GiB) do not fit in the memory "
+            "budget of node 0 (6.8 GiB, capacity minus headroom, 4 GiB of it taken by earlier "
+            "entries); lower count, lower numafleet_memory_headroom_pct, or put some of the "
+            "pages on another node",
+        ),
+    ],
+)
+def test_bad_hugepages_extra_fail_with_their_message(extra, message):
+    numa = synthetic(cpus_per_node=(4, 4, 4), mem_gb=(8, 8, 0))
+    numa["nodes"][1]["hugepages"] = [{"size_kb": 2048}]
+    with pytest.raises(PlacementError) as err:
+        plan_host("h", numa, None, [p("a", cpus=1)], [], POLICY, hugepages_extra=extra)
+    assert str(err.value) == f"host h: {message}"
+
+
 @pytest.mark.parametrize(
     ("placement", "mems", "warned"),
     [
@@ -679,7 +816,7 @@ def test_plan_shape_and_summary(machine_facts):
     ]  # fmt: skip
     assert list(result["nodes"][0]) == [
         "id", "kind", "memory_kb", "budget_kb", "planned_memory_kb", "cpus_usable",
-        "cpus_planned", "hugepages", "gpus",
+        "cpus_planned", "hugepages", "hugepages_extra", "gpus",
     ]  # fmt: skip
     assert list(result["gpus"][0]) == ["address", "uuid", "node", "use", "placements", "mig", "mps"]
     assert result["placements"][1]["environment"]["HF_HOME"] == "/srv/hf"
