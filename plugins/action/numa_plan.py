@@ -31,6 +31,7 @@ ARGUMENT_SPEC = dict(
     reserved_cpus=dict(type="raw", default=""),
     memory_headroom_pct=dict(type="raw", default=15),
     hugepages_extra=dict(type="raw", default=[]),
+    mig_gpus=dict(type="raw", default=[]),
     host=dict(type="str"),
 )
 
@@ -66,6 +67,7 @@ class ActionModule(ControllerAction):
         tenants = [] if args["tenants"] is None else args["tenants"]
         reserved = "" if args["reserved_cpus"] is None else args["reserved_cpus"]
         extra = [] if args["hugepages_extra"] is None else args["hugepages_extra"]
+        mig_gpus = [] if args["mig_gpus"] is None else args["mig_gpus"]
         policy = {
             "reserved_cpus": plain(reserved),
             "memory_headroom_pct": plain(args["memory_headroom_pct"]),
@@ -79,6 +81,7 @@ class ActionModule(ControllerAction):
                 plain(tenants),
                 policy,
                 hugepages_extra=plain(extra),
+                mig_gpus=plain(mig_gpus),
             )
             summary = plan_summary(plan)
         except NumaTuneError as exc:

@@ -93,6 +93,22 @@ options:
         V(null) means none.
     type: raw
     default: []
+  mig_gpus:
+    description:
+      - Declared NVIDIA MIG state per GPU, as a list of dicts with C(gpu) (PCI address or C(GPU-...)
+        UUID), C(mode) (V(enabled), the default, or V(disabled)) and optionally C(layout), a list of
+        GPU-instance profile names (V(3g.40gb)) or dicts with C(profile), C(start) (placement start
+        slice) and C(compute_profile) (V(1c.3g.40gb); default one compute instance over the whole
+        GPU instance).
+      - With a C(layout), the GPU's instances are exactly those; placements with C(mig_profile) on
+        it take instances of that layout, existing ones first. Without C(layout), the layout is the
+        GPU's instances plus those the placements need. V(disabled) makes the GPU a whole GPU.
+      - The plan's C(gpus[].mig) holds the result, which the role C(numafleet.tuning.nvidia_mig)
+        applies. Profiles are checked against the GPU's own profile list from its facts.
+      - Usually the host variable C(numafleet_mig_gpus), which the planner's messages name.
+        V(null) means none.
+    type: raw
+    default: []
   host:
     description:
       - Host name used in the plan and in messages. Defaults to C(inventory_hostname).
@@ -150,6 +166,7 @@ EXAMPLES = r"""
     reserved_cpus: "{{ numafleet_reserved_cpus | default('') }}"
     memory_headroom_pct: "{{ numafleet_memory_headroom_pct | default(15) }}"
     hugepages_extra: "{{ numafleet_hugepages_extra | default([]) }}"
+    mig_gpus: "{{ numafleet_mig_gpus | default([]) }}"
   register: plan
 
 - name: Print one line per host
@@ -253,11 +270,31 @@ ansible_facts:
           type: list
           elements: dict
         gpus:
-          description: Per GPU, how it is used (V(whole), V(mig), V(mps) or V(free)), by which placements, and its MIG layout or MPS daemon.
+          description:
+            - Per GPU, how it is used (V(whole), V(mig), V(mps) or V(free)), by which placements, and its MIG layout or MPS daemon.
+            - C(mig) (V(null) for a GPU without MIG) has C(mode) (the planned mode), C(mode_current) (from the facts),
+              C(declared) (whether O(mig_gpus) declares the GPU) and C(layout), one entry per GPU instance with
+              C(profile), C(placement_start), C(placement_size), C(placement) (the placement it serves, or V(null)),
+              C(device_uuid) (V(null) until the instance exists) and C(compute_profile) (V(null) for one compute
+              instance over the whole GPU instance).
           type: list
           elements: dict
         mps_daemons:
-          description: One entry per MPS daemon the plan needs (device UUID, pipe and log directories, clients).
+          description:
+            - One entry per MPS daemon the plan needs (device UUID, pipe and log directories, clients).
+            - C(unit) (V(nvidia-mps@<instance>.service)) and C(instance) (the device UUID; both V(null) while the
+              MIG instance it serves is not created yet), C(gpu_uuid) (the physical GPU), C(mig) (whether it serves a
+              MIG device), C(node), C(cpus) and C(mems) (unions of its clients'), C(user) and C(group) (its clients',
+              which must agree), C(active_thread_percentage) and C(pinned_memory_limit_kb) (the largest of its
+              clients').
+          type: list
+          elements: dict
+        mig_gpus:
+          description:
+            - The MIG state to apply, one entry per GPU that O(mig_gpus) declares or that is in MIG mode, in
+              the shape of the C(gpus) option of M(numafleet.tuning.nvidia_mig) (C(gpu), C(uuid), C(mode),
+              C(layout) of C(profile), C(start), C(compute_profile)). GPUs with MIG off that are not declared
+              are not listed, so they are never touched.
           type: list
           elements: dict
         warnings:

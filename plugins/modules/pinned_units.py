@@ -19,8 +19,10 @@ description:
     (C(Slice=)), set C(Environment=) (C(CUDA_VISIBLE_DEVICES) and the MPS variables among them)
     and C(LimitMEMLOCK=infinity). Services run C(Type=simple) with C(Restart=on-failure) and,
     with O(hardening), a set of sandboxing settings that leaves C(/dev) alone. Placements that use
-    MPS get C(After=) and C(Wants=) on C(nvidia-mps@<device>.service) (without its daemon a
-    client runs without MPS rather than failing to start). A drop-in first assigns the empty
+    MPS get C(Requires=) and C(After=) on their daemon C(nvidia-mps@<device>.service) (role
+    C(numafleet.tuning.nvidia_mps)), so a client never runs outside MPS; placements on a MIG
+    instance start C(After=numafleet-mig.service), which re-creates the instances at boot
+    (role C(numafleet.tuning.nvidia_mig)). A drop-in first assigns the empty
     value to C(CPUAffinity=), C(NUMAMask=), C(AllowedCPUs=) and C(AllowedMemoryNodes=), which
     systemd would otherwise merge with the vendor unit's own values.
   - Tenant slices set C(AllowedCPUs=) and C(AllowedMemoryNodes=) to the union of their

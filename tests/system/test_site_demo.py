@@ -22,6 +22,14 @@ ROLE = "numafleet.tuning.pinned_services : "
 APPLY_TASK = ROLE + "Write pinned units, drop-ins and tenant slices"
 SUMMARY_TASK = "Print the plan summary"
 WOULD_RUN_TASK = ROLE + "Report what the service manager would run (render mode)"
+MIG_TASK = "numafleet.tuning.nvidia_mig : Apply the MIG layouts"
+MIG_WOULD_RUN_TASK = "numafleet.tuning.nvidia_mig : Report what would run (render mode)"
+MPS_WOULD_RUN_TASK = (
+    "numafleet.tuning.nvidia_mps : Report what the service manager would run (render mode)"
+)
+MIG_GPU = "0000:17:00.0"
+MIG_DEVICE_2G = "MIG-4d5fc52b-3870-57b6-a399-78174c05bf0a"  # the kept 2g.20gb at slice 0
+MPS_GPU = "GPU-fdb5df64-11ce-5c72-a560-9702875cecd6"  # 0000:31:00.0, shared by two rerankers
 
 
 @dataclass
@@ -64,12 +72,15 @@ def test_first_run_succeeds_on_every_host(fleet):
     assert sorted(run.stats) == fleet.hosts, run.explain()
     for host, stats in run.stats.items():
         assert stats["failures"] == 0 and stats["unreachable"] == 0, (host, stats)
-    # One changed task per apply role: pools, kernel knobs, units (handlers only print in render mode).
-    assert run.stats["gpu-a100-01"]["changed"] == 3, run.explain()
+    # One changed task per apply role: pools, kernel knobs, MIG files, MPS units, pinned units
+    # (handlers only print in render mode).
+    assert run.stats["gpu-a100-01"]["changed"] == 5, run.explain()
     applied = [r["action"] for r in run.results("gpu-a100-01") if r.get("changed")]
     assert sorted(applied) == [
         "numafleet.tuning.numa_hugepages",
         "numafleet.tuning.numa_kernel",
+        "numafleet.tuning.nvidia_mig",
+        "numafleet.tuning.nvidia_mps",
         "numafleet.tuning.pinned_units",
     ], applied
 
@@ -87,6 +98,7 @@ def test_second_run_changes_nothing(fleet):
 # Actions that run on the controller only (cheap); everything else is a module sent to the host.
 CONTROLLER_SIDE = {
     "numafleet.tuning.numa_plan",
+    "ansible.builtin.include_tasks",
     "ansible.builtin.assert",
     "ansible.builtin.debug",
     "ansible.builtin.fail",
@@ -97,17 +109,40 @@ CONTROLLER_SIDE = {
 
 
 def test_modules_run_once_per_role_per_host(fleet):
-    """Fleet cost: two facts modules and one module per apply role; the rest stays on the controller."""
+    """Fleet cost: two facts modules and one module per apply role; the rest stays on the controller.
+
+    The GPU roles send their module only to hosts that have the hardware: nvidia_mig to hosts with
+    a MIG-capable GPU, nvidia_mps to hosts with an NVIDIA GPU.
+    """
+    with_gpu_roles = {}
     for host in fleet.hosts:
+        # The recorded NVIDIA GPU state of the host (none: no NVIDIA GPU).
+        snapshot = fleet.base / ".demo" / host / "gpu-snapshot.json"
+        gpus = json.loads(snapshot.read_text())["gpus"] if snapshot.is_file() else []
+        gpu_modules = []
+        if any((g.get("mig") or {}).get("mode_current") for g in gpus):
+            gpu_modules.append("numafleet.tuning.nvidia_mig")
+        if gpus:
+            gpu_modules.append("numafleet.tuning.nvidia_mps")
+        with_gpu_roles[host] = gpu_modules
         ran = [r["action"] for r in fleet.first.results(host) if r["status"] != "skipped"]
         remote = sorted(a for a in ran if a not in CONTROLLER_SIDE)
-        assert remote == [
-            "numafleet.tuning.gpu_topology_facts",
-            "numafleet.tuning.numa_facts",
-            "numafleet.tuning.numa_hugepages",
-            "numafleet.tuning.numa_kernel",
-            "numafleet.tuning.pinned_units",
-        ], (host, ran)
+        assert remote == sorted(
+            [
+                "numafleet.tuning.gpu_topology_facts",
+                "numafleet.tuning.numa_facts",
+                "numafleet.tuning.numa_hugepages",
+                "numafleet.tuning.numa_kernel",
+                "numafleet.tuning.pinned_units",
+            ]
+            + gpu_modules
+        ), (host, ran)
+    # The demo fleet has both kinds: GPU servers get the GPU modules, the others do not.
+    assert with_gpu_roles["gpu-a100-01"] == [
+        "numafleet.tuning.nvidia_mig",
+        "numafleet.tuning.nvidia_mps",
+    ]
+    assert with_gpu_roles["qemu-2node-01"] == [] and with_gpu_roles["mi300x-01"] == []
 
 
 def test_one_summary_line_per_host(fleet):
@@ -116,7 +151,9 @@ def test_one_summary_line_per_host(fleet):
         assert isinstance(line, str) and "\n" not in line
         assert line.startswith(f"{host}: "), line
     a100 = fleet.first.one("gpu-a100-01", SUMMARY_TASK)["msg"]
-    assert a100.startswith("gpu-a100-01: 4 placements: llm-70b node1 ")
+    assert a100.startswith("gpu-a100-01: 6 placements: llm-70b node1 ")
+    assert "classify node0 cpus 9,73 gpus 17:00.0 mig 1g.10gb@2;" in a100
+    assert a100.endswith("rerank-mini-a node0 cpus 10,74 gpus 17:00.0 mig 2g.20gb@0 mps; 1 warning")
     vm = fleet.first.one("vm-gpu-01", SUMMARY_TASK)["msg"]
     assert vm.endswith("; 1 warning"), vm
 
@@ -244,7 +281,17 @@ def test_every_host_has_a_manifest_of_what_it_owns(fleet):
         manifest = json.loads(files["etc/numafleet/manifest.json"])
         owned = sorted(path.lstrip("/") for path in manifest["files"])
         others = HUGEPAGE_FILES | KERNEL_FILES | {"etc/numafleet/manifest.json"}
-        assert owned == sorted(p for p in files if p not in others), host
+        # The GPU roles own their files themselves (MPS: its own manifest; MIG: fixed paths).
+        gpu_files = {
+            p
+            for p in files
+            if "nvidia-mps@" in p or "mig" in p.rsplit("/", 1)[-1] or p.endswith("mps-units.json")
+        }
+        assert owned == sorted(p for p in files if p not in others | gpu_files), host
+        if gpu_files:
+            mps = json.loads(files.get("etc/numafleet/mps-units.json", '{"files": []}'))
+            mps_owned = {path.lstrip("/") for path in mps["files"]}
+            assert {p for p in gpu_files if "nvidia-mps@" in p} == mps_owned, host
 
 
 def test_hosts_without_placements_get_kernel_settings_only(fleet):
@@ -315,6 +362,12 @@ def test_check_diff_shows_unit_diffs_and_writes_nothing(fleet):
     assert "numafleet-llm-70b.service" in a100
     gh200 = json.dumps(run.one("gh200-01", APPLY_TASK)["diff"])
     assert "tritonserver.service.d/50-numafleet.conf" in gh200 and "CPUAffinity=2-33" in gh200
+    # The GI/CI diff of the MIG GPU against its recorded state (files unchanged: not a change).
+    mig = run.one("gpu-a100-01", MIG_TASK)
+    (gpu_diff,) = [d for d in mig["diff"] if d["before_header"] == f"GPU {MIG_GPU}"]
+    assert "2g.20gb@2" in gpu_diff["before"] and "2g.20gb@2" not in gpu_diff["after"]
+    assert "1g.10gb@2" in gpu_diff["after"] and "1g.10gb@3" in gpu_diff["after"]
+    assert "3g.40gb@4" in gpu_diff["before"] and "3g.40gb@4" in gpu_diff["after"]
 
 
 def test_removed_placement_is_stopped_and_removed(fleet):
@@ -335,3 +388,84 @@ def test_removed_placement_is_stopped_and_removed(fleet):
     assert "would run: systemctl restart numafleet-llm-70b.service" in would_run
     manifest = json.loads(files["etc/numafleet/manifest.json"])
     assert "/etc/systemd/system/numafleet-rerank-b.service" not in manifest["files"]
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU roles: MIG layouts and MPS daemons (render mode: nothing runs on a GPU or systemd)
+
+
+def test_mig_layout_is_recorded_for_boot_and_mig_parted(fleet):
+    files = fleet.rendered["gpu-a100-01"]
+    state = json.loads(files["etc/numafleet/mig.json"])
+    (gpu,) = state["gpus"]
+    assert gpu["address"] == MIG_GPU and gpu["mode"] == "enabled"
+    assert [(e["profile"], e["start"]) for e in gpu["layout"]] == [
+        ("2g.20gb", 0),
+        ("1g.10gb", 2),
+        ("1g.10gb", 3),
+        ("3g.40gb", 4),
+    ]
+    parted = yaml.safe_load(files["etc/numafleet/mig-parted.yaml"])
+    (config,) = parted["mig-configs"]["numafleet"]
+    assert config["mig-enabled"] is True
+    assert config["mig-devices"] == {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1}
+    unit = files[f"{UNITS}/numafleet-mig.service"]
+    assert "Type=oneshot" in unit and "etc/numafleet/mig.json" in unit
+    assert "usr/local/libexec/numafleet-mig" in files
+    # Hosts whose MIG-capable GPUs nobody declared get no MIG files at all.
+    for host in ("gpu-h100-01", "gh200-01", "qemu-2node-01"):
+        assert not [path for path in fleet.rendered[host] if "mig" in path], host
+
+
+def test_mig_changes_are_reported_not_run_in_render_mode(fleet):
+    msg = fleet.first.one("gpu-a100-01", MIG_WOULD_RUN_TASK)["msg"]
+    # GI 4 (the 2g.20gb at slice 2) goes, CIs first; two 1g.10gb (profile 19 on A100 80GB) come.
+    assert msg[:6] == [
+        f"would run: nvidia-smi mig -i {MIG_GPU} -dci -gi 4 -ci 0",
+        f"would run: nvidia-smi mig -i {MIG_GPU} -dgi -gi 4",
+        f"would run: nvidia-smi mig -i {MIG_GPU} -cgi 19:2",
+        f"would run: nvidia-smi mig -i {MIG_GPU} -cci 0 -gi <new>",
+        f"would run: nvidia-smi mig -i {MIG_GPU} -cgi 19:3",
+        f"would run: nvidia-smi mig -i {MIG_GPU} -cci 0 -gi <new>",
+    ]
+    assert "would run: systemctl enable numafleet-mig.service" in msg
+    # The recorded GPU never changes, so the second run still names the GPU actions, changing
+    # nothing (changed=0 is asserted for every host above).
+    second = fleet.second.one("gpu-a100-01", MIG_WOULD_RUN_TASK)["msg"]
+    assert second == msg[:6]
+
+
+def test_mps_daemons_are_rendered_with_their_clients(fleet):
+    files = fleet.rendered["gpu-a100-01"]
+    template = files[f"{UNITS}/nvidia-mps@.service"]
+    assert 'Environment="CUDA_MPS_PIPE_DIRECTORY=/run/nvidia-mps/%i"' in template
+    assert "RuntimeDirectoryMode=0700" in template
+    whole = files[f"{UNITS}/nvidia-mps@{MPS_GPU}.service.d/50-numafleet.conf"].splitlines()
+    for line in (
+        "User=tei",
+        "NUMAPolicy=bind",
+        "NUMAMask=0",
+        "AllowedMemoryNodes=0",
+        "ExecStartPre=+/usr/bin/nvidia-smi -i 0000:31:00.0 -c EXCLUSIVE_PROCESS",
+    ):
+        assert line in whole, (line, whole)
+    assert any("set_default_active_thread_percentage 50" in line for line in whole)
+    assert any("set_default_device_pinned_mem_limit 0 16384M" in line for line in whole)
+    mig = files[f"{UNITS}/nvidia-mps@{MIG_DEVICE_2G}.service.d/50-numafleet.conf"]
+    assert "EXCLUSIVE_PROCESS" not in mig and "CPUAffinity=10,74" in mig
+    client = _unit(fleet, "gpu-a100-01", "numafleet-rerank-mini-a.service")
+    assert f"Requires=nvidia-mps@{MIG_DEVICE_2G}.service" in client
+    assert f"After=nvidia-mps@{MIG_DEVICE_2G}.service" in client
+    assert "After=numafleet-mig.service" in client
+    assert f'Environment="CUDA_VISIBLE_DEVICES={MIG_DEVICE_2G}"' in client
+    msg = fleet.first.one("gpu-a100-01", MPS_WOULD_RUN_TASK)["msg"]
+    assert f"would run: systemctl enable --now nvidia-mps@{MPS_GPU}.service" in msg
+
+
+def test_client_of_a_pending_mig_instance_waits_for_the_replan(fleet):
+    """classify's 1g.10gb does not exist on the recorded GPU: no device is named yet."""
+    unit = _unit(fleet, "gpu-a100-01", "numafleet-classify.service")
+    assert "After=numafleet-mig.service" in unit
+    assert not [line for line in unit if "CUDA_VISIBLE_DEVICES" in line]
+    plan = fleet.first.one("gpu-a100-01", "Plan placements")
+    assert any("classify" in w and "does not exist yet" in w for w in plan["warnings"])

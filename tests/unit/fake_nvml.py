@@ -92,6 +92,11 @@ class FakeGpu:
     numa_node_id: Optional[int] = None  # nvmlDeviceGetNumaNodeId; None: NOT_SUPPORTED
     pci_device_id: int = 0
     failures: dict = field(default_factory=dict)  # function name -> NVML_ERROR_* value
+    architecture: int = pynvml.NVML_DEVICE_ARCH_AMPERE  # nvmlDeviceGetArchitecture
+    # Whether a MIG mode change stays pending until a GPU reset (Ampere) or applies in place.
+    reset_needed: bool = False
+    # {pid: GPU instance id} of compute processes inside a MIG GPU instance (else ANY_INSTANCE).
+    process_instances: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.uuid:
@@ -268,8 +273,8 @@ class FakeNvml:
                 {
                     "pid": pid,
                     "usedGpuMemory": 512 * MIB,
-                    "gpuInstanceId": ANY_INSTANCE,
-                    "computeInstanceId": ANY_INSTANCE,
+                    "gpuInstanceId": gpu.process_instances.get(pid, ANY_INSTANCE),
+                    "computeInstanceId": 0 if pid in gpu.process_instances else ANY_INSTANCE,
                 }
             )
             for pid in getattr(gpu, attribute)
@@ -457,6 +462,137 @@ class FakeNvml:
         if kind != "mig":
             _raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return payload[2].id
+
+    # -- MIG: changes (NVML's rules for a 7-slice GPU, as documented in the MIG user guide) ------
+
+    def nvmlDeviceGetArchitecture(self, device):
+        return self._enter("nvmlDeviceGetArchitecture", device)[1].architecture
+
+    def nvmlDeviceSetMigMode(self, device, mode):
+        gpu = self._enter("nvmlDeviceSetMigMode", device)[1]
+        self._mig_capable(gpu)
+        if mode not in (pynvml.NVML_DEVICE_MIG_ENABLE, pynvml.NVML_DEVICE_MIG_DISABLE):
+            _raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if gpu.gpu_instances and mode == pynvml.NVML_DEVICE_MIG_DISABLE:
+            _raise(pynvml.NVML_ERROR_IN_USE)  # instances must go first
+        if gpu.compute_pids or gpu.graphics_pids:
+            _raise(pynvml.NVML_ERROR_IN_USE)
+        if gpu.reset_needed and mode != gpu.mig[0]:
+            gpu.mig = (gpu.mig[0], mode)
+            return pynvml.NVML_ERROR_RESET_REQUIRED  # activation status: pending until reset
+        gpu.mig = (mode, mode)
+        return pynvml.NVML_SUCCESS
+
+    def reset(self, bus_id: str) -> None:
+        """What ``nvidia-smi --gpu-reset`` does to the fake: the pending MIG mode applies."""
+        for gpu in self.gpus:
+            if gpu.bus_id.lower().endswith(bus_id.lower()[-12:]) and gpu.mig is not None:
+                gpu.mig = (gpu.mig[1], gpu.mig[1])
+                gpu.gpu_instances = ()
+
+    def _gi_payload(self, name, handle):
+        return self._enter(name, handle, kinds=("gi",))[1]
+
+    def nvmlDeviceGetGpuInstanceById(self, device, gpuInstanceId):
+        gpu = self._enter("nvmlDeviceGetGpuInstanceById", device)[1]
+        self._profiles_visible(gpu)
+        for gpu_instance in gpu.gpu_instances:
+            if gpu_instance.id == gpuInstanceId:
+                return self._handle(pynvml.struct_c_nvmlGpuInstance_t, ("gi", (gpu, gpu_instance)))
+        _raise(pynvml.NVML_ERROR_NOT_FOUND)
+
+    def nvmlDeviceCreateGpuInstanceWithPlacement(self, device, profileId, placement):
+        gpu = self._enter("nvmlDeviceCreateGpuInstanceWithPlacement", device)[1]
+        self._profiles_visible(gpu)
+        profile = self._profile_by_id(gpu, profileId)
+        spot = _target(placement)
+        start, size = int(spot.start), int(spot.size)
+        if (start, size) not in profile.placements:
+            _raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        same = [gi for gi in gpu.gpu_instances if gi.profile_id == profileId]
+        overlap = any(
+            start < gi.start + gi.size and gi.start < start + size for gi in gpu.gpu_instances
+        )
+        if overlap or len(same) >= profile.max_count:
+            _raise(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+        new_id = 1 + max((gi.id for gi in gpu.gpu_instances), default=0)
+        created = FakeGpuInstance(new_id, profileId, start, size, ())
+        gpu.gpu_instances = tuple(gpu.gpu_instances) + (created,)
+        return self._handle(pynvml.struct_c_nvmlGpuInstance_t, ("gi", (gpu, created)))
+
+    def _current(self, gpu, gpu_instance):
+        for item in gpu.gpu_instances:
+            if item.id == gpu_instance.id:
+                return item
+        _raise(pynvml.NVML_ERROR_NOT_FOUND)
+
+    def _store(self, gpu, updated):
+        gpu.gpu_instances = tuple(
+            updated if gi.id == updated.id else gi for gi in gpu.gpu_instances
+        )
+
+    def nvmlGpuInstanceDestroy(self, gpuInstance):
+        gpu, gpu_instance = self._gi_payload("nvmlGpuInstanceDestroy", gpuInstance)
+        current = self._current(gpu, gpu_instance)
+        if current.compute_instances or current.id in gpu.process_instances.values():
+            _raise(pynvml.NVML_ERROR_IN_USE)
+        gpu.gpu_instances = tuple(gi for gi in gpu.gpu_instances if gi.id != current.id)
+
+    def nvmlGpuInstanceCreateComputeInstance(self, gpuInstance, profileId):
+        gpu, gpu_instance = self._gi_payload("nvmlGpuInstanceCreateComputeInstance", gpuInstance)
+        current = self._current(gpu, gpu_instance)
+        parent = self._profile_by_id(gpu, current.profile_id)
+        slices = self._ci_slices(profileId)
+        if slices is None or slices > parent.slices or (slices == 3 and parent.slices == 4):
+            _raise(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        used = sum(ci.slices for ci in current.compute_instances)
+        if used + slices > parent.slices:
+            _raise(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+        new_id = 1 + max((ci.id for ci in current.compute_instances), default=-1)
+        compute = FakeComputeInstance(
+            new_id, slices, fake_uuid("MIG", gpu.bus_id, current.id, new_id, len(self.calls))
+        )
+        updated = FakeGpuInstance(
+            current.id,
+            current.profile_id,
+            current.start,
+            current.size,
+            current.compute_instances + (compute,),
+        )
+        self._store(gpu, updated)
+        return self._handle(pynvml.struct_c_nvmlComputeInstance_t, ("ci", (gpu, updated, compute)))
+
+    def nvmlGpuInstanceGetComputeInstanceById(self, gpuInstance, computeInstanceId):
+        gpu, gpu_instance = self._gi_payload("nvmlGpuInstanceGetComputeInstanceById", gpuInstance)
+        current = self._current(gpu, gpu_instance)
+        for compute in current.compute_instances:
+            if compute.id == computeInstanceId:
+                return self._handle(
+                    pynvml.struct_c_nvmlComputeInstance_t, ("ci", (gpu, current, compute))
+                )
+        _raise(pynvml.NVML_ERROR_NOT_FOUND)
+
+    def nvmlComputeInstanceDestroy(self, computeInstance):
+        name = "nvmlComputeInstanceDestroy"
+        gpu, gpu_instance, compute = self._enter(name, computeInstance, kinds=("ci",))[1]
+        current = self._current(gpu, gpu_instance)
+        if current.id in gpu.process_instances.values():
+            _raise(pynvml.NVML_ERROR_IN_USE)
+        kept = tuple(ci for ci in current.compute_instances if ci.id != compute.id)
+        if len(kept) == len(current.compute_instances):
+            _raise(pynvml.NVML_ERROR_NOT_FOUND)
+        self._store(
+            gpu, FakeGpuInstance(current.id, current.profile_id, current.start, current.size, kept)
+        )
+
+
+WRITE_FUNCTIONS = (
+    "nvmlDeviceSetMigMode",
+    "nvmlDeviceCreateGpuInstanceWithPlacement",
+    "nvmlGpuInstanceDestroy",
+    "nvmlGpuInstanceCreateComputeInstance",
+    "nvmlComputeInstanceDestroy",
+)
 
 
 # ---------------------------------------------------------------------------------------------

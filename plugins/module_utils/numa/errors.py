@@ -96,3 +96,23 @@ class LocalityError(NumaTuneError):
 
 class VerifyError(NumaTuneError):
     """Thresholds, a plan or a measurement handed to verify cannot be used; names the value and the fix."""
+
+
+class MigError(NumaTuneError):
+    """A MIG layout request cannot be met (unknown GPU or profile, layout does not fit, busy GPU,
+    pending mode, re-read mismatch); str(exc) names the GPU, the option and the fix."""
+
+
+class MigBackendError(MigError):
+    """A MIG read or change through NVML or nvidia-smi failed.
+
+    Carries ``gpu`` (address or index text), ``call`` (the NVML call or command line), ``reason``
+    (what the driver said) and ``fix``; the message names all of them.
+    """
+
+    def __init__(self, gpu: str, call: str, reason: str, fix: str) -> None:
+        self.gpu = gpu
+        self.call = call
+        self.reason = reason
+        self.fix = fix
+        super().__init__(f"GPU {gpu}: {call} failed: {reason}. {fix}")

@@ -40,6 +40,8 @@ PLACEMENT_KEYS = (
 TENANT_KEYS = ("name", "memory_max", "description")
 HUGEPAGE_KEYS = ("size", "count")
 HUGEPAGES_EXTRA_KEYS = ("node", "size", "count")
+MIG_GPU_KEYS = ("gpu", "mode", "layout")
+MIG_INSTANCE_KEYS = ("profile", "start", "compute_profile")
 MPS_KEYS = ("active_thread_percentage", "pinned_memory_limit")
 # Set by the planner from the GPUs it picks: a user value would point at other devices.
 RESERVED_ENV = ("CUDA_VISIBLE_DEVICES",)
@@ -47,13 +49,22 @@ RESERVED_ENV = ("CUDA_VISIBLE_DEVICES",)
 DEFAULT_HEADROOM_PCT = 15
 _KEY_SETS = {
     keys: frozenset(keys)
-    for keys in (PLACEMENT_KEYS, TENANT_KEYS, HUGEPAGE_KEYS, HUGEPAGES_EXTRA_KEYS)
+    for keys in (
+        PLACEMENT_KEYS,
+        TENANT_KEYS,
+        HUGEPAGE_KEYS,
+        HUGEPAGES_EXTRA_KEYS,
+        MIG_GPU_KEYS,
+        MIG_INSTANCE_KEYS,
+    )
 }
 PLACEMENTS_VAR = "numafleet_placements"
 TENANTS_VAR = "numafleet_tenants"
 RESERVED_VAR = "numafleet_reserved_cpus"
 HEADROOM_VAR = "numafleet_memory_headroom_pct"
 HUGEPAGES_EXTRA_VAR = "numafleet_hugepages_extra"
+MIG_GPUS_VAR = "numafleet_mig_gpus"
+MIG_MODES = ("enabled", "disabled")
 
 _PLACEMENT_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 _TENANT_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
@@ -73,6 +84,9 @@ GENERATED_UNIT_PREFIX = "numafleet-"
 _MIB_KB = 1024
 # What a drop-in leaves to the pinned unit itself (description/hardening are exec-only keys).
 _UNIT_OWN = {"description": "Description=", "hardening": "the sandboxing settings"}
+# A MIG profile name as nvidia-smi and NVML print it without "MIG ": 3g.40gb, 1g.10gb+me, 1c.3g.40gb.
+_MIG_PROFILE = re.compile(r"^[0-9]+g\.[0-9]+gb(?:[+-][a-z.]+)?$")
+_MIG_CI_PROFILE = re.compile(r"^(?:[0-9]+c\.)?[0-9]+g\.[0-9]+gb(?:[+-][a-z.]+)?$")
 _CONTROL_NAMES = {"\t": "a tab", "\n": "a newline", "\r": "a carriage return"}
 
 
@@ -132,6 +146,29 @@ class Placement:
     def where(self) -> str:
         """The variable path of this placement, as error messages name it."""
         return f"{PLACEMENTS_VAR}[{self.index}] ({self.name})"
+
+
+@dataclass(frozen=True)
+class MigInstance:
+    """One GPU instance of a declared MIG layout: profile name, start (None: any), CI profile."""
+
+    profile: str
+    start: Optional[int]
+    compute_profile: Optional[str]
+
+
+@dataclass(frozen=True)
+class MigGpu:
+    """One entry of numafleet_mig_gpus: the GPU, its MIG mode and (None: from the plan) layout."""
+
+    index: int
+    gpu: str  # PCI address (lower case, full or BB:DD.F) or UUID
+    mode: str
+    layout: Optional[tuple]  # MigInstance entries; None = the plan's instances
+
+    @property
+    def where(self) -> str:
+        return f"{MIG_GPUS_VAR}[{self.index}]"
 
 
 @dataclass(frozen=True)
@@ -820,3 +857,100 @@ def parse_hugepages_extra(host: str, raw) -> list:
             )
         extras.append(HugepagesExtra(index, node, size_kb, count))
     return extras
+
+
+def _mig_instance(host: str, where: str, entry) -> MigInstance:
+    example = "{profile: 3g.40gb, start: 4}"
+    if isinstance(entry, str):
+        entry = {"profile": entry}
+    if not isinstance(entry, dict):
+        raise _fail(
+            host, f"{where}: {entry!r} is neither a profile name nor a mapping; write {example}"
+        )
+    _check_keys(host, where, entry, MIG_INSTANCE_KEYS)
+    profile = entry.get("profile")
+    if not isinstance(profile, str) or not _MIG_PROFILE.match(profile):
+        raise _fail(
+            host,
+            f"{where}.profile: {profile!r} is not a GPU-instance profile name; write it as "
+            "nvidia-smi mig -lgip prints it without 'MIG ', e.g. 3g.40gb or 1g.10gb",
+        )
+    start = entry.get("start")
+    if start is not None and (not _is_int(start) or start < 0):
+        raise _fail(host, f"{where}.start: {start!r} is not a placement start (a slice index >= 0)")
+    compute = entry.get("compute_profile")
+    if compute is not None:
+        if not isinstance(compute, str) or not _MIG_CI_PROFILE.match(compute):
+            raise _fail(
+                host,
+                f"{where}.compute_profile: {compute!r} is not a compute-instance profile name; "
+                f"write e.g. 1c.{profile} (1 slice of the instance) or leave it out for one "
+                "compute instance over the whole GPU instance",
+            )
+        if compute != profile and not compute.endswith(f"c.{profile}"):
+            raise _fail(
+                host,
+                f"{where}.compute_profile: {compute!r} is not a compute-instance profile of "
+                f"{profile}; write Nc.{profile} (N slices of it) or leave it out",
+            )
+        if compute == profile:
+            compute = None
+    return MigInstance(profile, start, compute)
+
+
+def parse_mig_gpus(host: str, raw) -> list:
+    """MigGpu dataclasses of numafleet_mig_gpus (None = []); raises PlacementError.
+
+    Only the shape is checked here; the GPU, its profiles and whether the layout fits are checked
+    against the host's facts by the planner.
+    """
+    if raw is None:
+        return []
+    example = "{gpu: 0000:17:00.0, mode: enabled, layout: [3g.40gb, 2g.20gb]}"
+    if not isinstance(raw, list):
+        raise _fail(host, f"{MIG_GPUS_VAR}: {raw!r} is not a list; write a list of {example}")
+    out = []
+    for index, entry in enumerate(raw):
+        where = f"{MIG_GPUS_VAR}[{index}]"
+        if not isinstance(entry, dict):
+            raise _fail(host, f"{where}: {entry!r} is not a mapping; write {example}")
+        _check_keys(host, where, entry, MIG_GPU_KEYS)
+        ident = entry.get("gpu")
+        if not isinstance(ident, str) or not ident.strip():
+            raise _fail(
+                host,
+                f"{where}.gpu: {ident!r} is not a GPU; write its PCI address (0000:17:00.0) or "
+                "UUID (GPU-...)",
+            )
+        ident = ident.strip()
+        ident = _pci_address(ident) or ident
+        mode = entry.get("mode", "enabled")
+        if mode not in MIG_MODES:
+            raise _fail(
+                host, f"{where}.mode: {mode!r} is not one of enabled, disabled (write it quoted)"
+            )
+        layout = entry.get("layout")
+        if layout is not None:
+            if not isinstance(layout, list):
+                raise _fail(
+                    host,
+                    f"{where}.layout: {layout!r} is not a list; write e.g. [3g.40gb, "
+                    "{profile: 1g.10gb, start: 6}]",
+                )
+            if mode == "disabled" and layout:
+                raise _fail(
+                    host,
+                    f"{where}.layout: a GPU with mode: disabled has no MIG instances; remove "
+                    "layout or set mode: enabled",
+                )
+            layout = tuple(
+                _mig_instance(host, f"{where}.layout[{position}]", item)
+                for position, item in enumerate(layout)
+            )
+        for earlier in out:
+            if earlier.gpu == ident:
+                raise _fail(
+                    host, f"{where}.gpu: {ident} is also {earlier.where}; declare each GPU once"
+                )
+        out.append(MigGpu(index, ident, mode, layout))
+    return out

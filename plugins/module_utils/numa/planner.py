@@ -22,6 +22,7 @@ from .placements import (
     TENANTS_VAR,
     format_kb,
     parse_hugepages_extra,
+    parse_mig_gpus,
     parse_placements,
     parse_policy,
     parse_tenants,
@@ -77,6 +78,9 @@ class _Gpu:
         "peers",
         "memory_mib",
         "mig_mode",
+        "mig_mode_current",
+        "mig_declared",
+        "mig_supported",
         "mig_profiles",
         "mig_memory",
         "mig_existing",
@@ -100,7 +104,10 @@ class _Gpu:
         self.memory_mib = entry.get("memory_total_mib")
         mig = entry.get("mig") or {}
         self.mig_mode = mig.get("mode_current")
+        self.mig_mode_current = self.mig_mode
+        self.mig_declared = None  # the numafleet_mig_gpus entry of this GPU
         profiles = mig.get("supported_profiles")
+        self.mig_supported = profiles
         self.mig_profiles = None
         self.mig_memory: dict = {}  # profile name -> memory_mib of one instance
         self.mig_existing: list = []
@@ -132,8 +139,9 @@ class _Gpu:
             )
         self.use: Optional[str] = None  # None (free), "whole", "mps"
         self.placements: list = []
-        # MIG: (start, size, profile, device_uuid, placement name or None, existing)
-        self.slots = [(s, z, p, u, None, True) for s, z, p, u in self.mig_existing]
+        # MIG: (start, size, profile, device_uuid, placement name or None, existing,
+        # compute profile or None)
+        self.slots = [(s, z, p, u, None, True, None) for s, z, p, u in self.mig_existing]
         self.claimed: set = set()  # starts of existing instances given to a placement
         self.mps_clients: list = []
         self.mps_pinned_kb = 0
@@ -148,6 +156,12 @@ class _Gpu:
         for start, size, name, uuid in self.mig_existing:
             if name == profile and start not in self.claimed:
                 return start, size, uuid, True
+        if self.mig_declared is not None and self.mig_declared.layout is not None:
+            # A declared layout is exact: only its instances still to be created are left.
+            for slot in self.slots:
+                if slot[2] == profile and not slot[5] and slot[4] is None:
+                    return slot[0], slot[1], None, False
+            return None
         for start, size in self.mig_profiles.get(profile) or ():
             end = start + size
             if all(end <= s or start >= s + z for s, z, *dummy in self.slots):
@@ -180,7 +194,9 @@ class _Fit:
 class _Host:
     """Indexes of one host's facts, built once, and the free resources left while planning."""
 
-    def __init__(self, host: str, numa: dict, gpu_topology: Optional[dict], policy) -> None:
+    def __init__(
+        self, host: str, numa: dict, gpu_topology: Optional[dict], policy, mig_gpus=()
+    ) -> None:
         self.host = host
         self.headroom = policy.memory_headroom_pct
         self.reserved = frozenset(policy.reserved_cpus)
@@ -270,7 +286,7 @@ class _Host:
             (d for d in numa.get("pci_devices") or () if isinstance(d, dict) and d.get("address")),
             key=_ADDRESS,
         )
-        self._index_gpus(gpu_topology)
+        self._index_gpus(gpu_topology, mig_gpus)
 
     def _check_reserved(self, nodes: list) -> None:
         missing = sorted(cpu for cpu in self.reserved if cpu not in self.cpu_node)
@@ -296,7 +312,7 @@ class _Host:
                     "placements",
                 )
 
-    def _index_gpus(self, gpu_topology: Optional[dict]) -> None:
+    def _index_gpus(self, gpu_topology: Optional[dict], mig_gpus=()) -> None:
         entries = (gpu_topology or {}).get("gpus") or ()
         self.gpus: list = []
         self.gpu_by_id: dict = {}
@@ -315,6 +331,8 @@ class _Host:
             self.gpu_by_id[gpu.address] = gpu
             if gpu.uuid:
                 self.gpu_by_id[gpu.uuid] = gpu
+        for declared in mig_gpus:
+            self._declare_mig(declared)
         # Free whole GPUs (MIG-enabled ones only ever serve MIG instances), by CPU node.
         self.free_whole: dict = {nid: [] for nid in self.node_ids}
         self.free_unknown: list = []
@@ -325,6 +343,139 @@ class _Host:
                 self.free_unknown.append(gpu)
             else:
                 self.free_whole[gpu.cpu_node].append(gpu)
+
+    # -- declared MIG layouts (numafleet_mig_gpus) ------------------------------------------
+
+    def _declare_mig(self, declared) -> None:
+        """Make a GPU's MIG mode and layout the declared ones; raises PlacementError."""
+        where = declared.where
+        gpu = self.gpu_by_id.get(declared.gpu)
+        if gpu is None and GPU_SHORT_ADDRESS.match(declared.gpu):
+            found = [g for g in self.gpus if g.address.endswith(":" + declared.gpu)]
+            gpu = found[0] if len(found) == 1 else None
+        if gpu is None:
+            known = ", ".join(g.address for g in self.gpus) or "none"
+            raise PlacementError(
+                self.host,
+                f"{where}.gpu: {declared.gpu} is not a GPU of this host (GPUs: {known}); write "
+                "one of those addresses or its UUID",
+            )
+        if gpu.mig_declared is not None:
+            raise PlacementError(
+                self.host,
+                f"{where}.gpu: {gpu.address} is also {gpu.mig_declared.where}; declare each GPU "
+                "once",
+            )
+        if gpu.mig_mode_current is None:
+            raise PlacementError(
+                self.host,
+                f"{where}.gpu: {gpu.address} ({gpu.vendor or 'unknown vendor'}) reports no MIG "
+                "support (no MIG mode in its facts, or NVML was unavailable); remove this entry, "
+                "or gather the facts where NVML or nvidia-smi works",
+            )
+        gpu.mig_declared = declared
+        if declared.mode == "disabled":
+            gpu.mig_mode, gpu.mig_profiles, gpu.mig_memory = "disabled", None, {}
+            gpu.mig_existing, gpu.slots = [], []
+            return
+        gpu.mig_mode = "enabled"
+        profiles = gpu.mig_supported
+        if profiles is None:
+            if declared.layout:
+                raise PlacementError(
+                    self.host,
+                    f"{where}.layout: MIG is {gpu.mig_mode_current} on {gpu.address} and its "
+                    "driver lists MIG profiles only in MIG mode, so the layout cannot be checked "
+                    "yet; run once with mode: enabled and no layout (that enables MIG), then add "
+                    "the layout",
+                )
+            gpu.mig_profiles, gpu.mig_memory, gpu.mig_existing, gpu.slots = {}, {}, [], []
+            return
+        if gpu.mig_profiles is None:  # MIG off now, but the driver lists the profiles
+            gpu.mig_profiles = {
+                profile["name"]: sorted(
+                    (slot["start"], slot["size"]) for slot in profile.get("placements") or ()
+                )
+                for profile in profiles
+                if profile.get("name")
+            }
+            gpu.mig_memory = {
+                profile["name"]: profile["memory_mib"]
+                for profile in profiles
+                if profile.get("name") and profile.get("memory_mib")
+            }
+        if declared.layout is not None:
+            self._declared_slots(gpu, declared, profiles)
+
+    def _declared_slots(self, gpu: _Gpu, declared, profiles: list) -> None:
+        """Slots of a declared layout: kept instances, then new ones at their start or the lowest fit."""
+        where = declared.where
+        counts = {p["name"]: p.get("max_count") for p in profiles if p.get("name")}
+        existing = list(gpu.mig_existing)
+        kept, todo = [], []
+        for position, item in enumerate(declared.layout):
+            here = f"{where}.layout[{position}]"
+            legal = gpu.mig_profiles.get(item.profile)
+            if legal is None:
+                raise PlacementError(
+                    self.host,
+                    f"{here}.profile: {item.profile} is not offered by {gpu.address} (offered: "
+                    f"{', '.join(sorted(gpu.mig_profiles)) or 'none'}); pick an offered profile",
+                )
+            if item.start is not None and item.start not in [start for start, dummy in legal]:
+                raise PlacementError(
+                    self.host,
+                    f"{here}.start: {item.profile} cannot start at slice {item.start} on "
+                    f"{gpu.address} (possible starts: "
+                    f"{', '.join(str(start) for start, dummy in legal)}); pick one of them or "
+                    "leave start out",
+                )
+            match = next(
+                (
+                    instance
+                    for instance in existing
+                    if instance[2] == item.profile and item.start in (None, instance[0])
+                ),
+                None,
+            )
+            if match is not None and item.compute_profile is None:
+                existing.remove(match)
+                kept.append(match + (None, True, None))
+            else:
+                todo.append((position, item))
+        for count_name, limit in counts.items():
+            wanted = sum(1 for item in declared.layout if item.profile == count_name)
+            if limit is not None and wanted > limit:
+                raise PlacementError(
+                    self.host,
+                    f"{where}.layout: {wanted} x {count_name} on {gpu.address}, which allows at "
+                    f"most {limit}; lower the count",
+                )
+        slots = [(s, z, p, u, owner, True, compute) for s, z, p, u, owner, dummy, compute in kept]
+        order = sorted(todo, key=lambda pair: (pair[1].start is None, pair[0]))
+        for position, item in order:
+            choices = gpu.mig_profiles[item.profile]
+            if item.start is not None:
+                choices = [pair for pair in choices if pair[0] == item.start]
+            free = [
+                (start, size)
+                for start, size in choices
+                if all(start + size <= s[0] or start >= s[0] + s[1] for s in slots)
+            ]
+            if not free:
+                taken = ", ".join(f"{s[2]}@{s[0]}" for s in sorted(slots)) or "nothing"
+                raise PlacementError(
+                    self.host,
+                    f"{where}.layout[{position}]: {item.profile}"
+                    f"{'' if item.start is None else '@' + str(item.start)} does not fit on "
+                    f"{gpu.address} next to {taken}; give the instances start: values that "
+                    "fit (nvidia-smi mig -lgipp lists them) or drop one",
+                )
+            start, size = free[0]
+            slots.append((start, size, item.profile, None, None, False, item.compute_profile))
+        slots.sort(key=lambda slot: slot[0])
+        gpu.mig_existing = [slot[:4] for slot in slots if slot[5]]
+        gpu.slots = slots
 
     # -- messages --------------------------------------------------------------------------
 
@@ -1049,6 +1200,19 @@ class _Planner:
                     f"No MIG profile has a free slot left on {where}; free a slot or remove "
                     "another placement."
                 )
+            declared = [
+                g
+                for g in listed or state.gpus
+                if g.mig_capable
+                and g.mig_declared is not None
+                and g.mig_declared.layout is not None
+            ]
+            if declared:
+                fix += (
+                    " The layout of "
+                    + ", ".join(f"{g.address} ({g.mig_declared.where})" for g in declared)
+                    + f" is declared and exact: add a {p.mig_profile} instance to it."
+                )
             if p.mps is not None:
                 owners = sorted(
                     {
@@ -1322,11 +1486,15 @@ class _Planner:
                 if existing:
                     gpu.claimed.add(start)
                     gpu.slots = [
-                        s if s[0] != start or not s[5] else (s[0], s[1], s[2], s[3], p.name, True)
+                        s if s[0] != start or not s[5] else s[:4] + (p.name,) + s[5:]
                         for s in gpu.slots
                     ]
+                elif any(s[0] == start and not s[5] for s in gpu.slots):  # a declared instance
+                    gpu.slots = [
+                        s if s[0] != start or s[5] else s[:4] + (p.name,) + s[5:] for s in gpu.slots
+                    ]
                 else:
-                    gpu.slots.append((start, size, p.mig_profile, None, p.name, False))
+                    gpu.slots.append((start, size, p.mig_profile, None, p.name, False, None))
                     gpu.slots.sort(key=lambda s: s[0])
                 mig = {
                     "profile": p.mig_profile,
@@ -1402,9 +1570,12 @@ def _gpus_out(state: _Host) -> tuple:
     gpus, daemons = [], []
     for gpu in state.gpus:
         mig = None
+        declared = gpu.mig_declared is not None
         if gpu.mig_mode == "enabled":
             mig = {
                 "mode": gpu.mig_mode,
+                "mode_current": gpu.mig_mode_current,
+                "declared": declared,
                 "layout": [
                     {
                         "profile": profile,
@@ -1412,12 +1583,18 @@ def _gpus_out(state: _Host) -> tuple:
                         "placement_size": size,
                         "placement": owner,
                         "device_uuid": uuid,
+                        "compute_profile": compute,
                     }
-                    for start, size, profile, uuid, owner, dummy in gpu.slots
+                    for start, size, profile, uuid, owner, dummy, compute in gpu.slots
                 ],
             }
         elif gpu.mig_mode is not None:
-            mig = {"mode": gpu.mig_mode, "layout": []}
+            mig = {
+                "mode": gpu.mig_mode,
+                "mode_current": gpu.mig_mode_current,
+                "declared": declared,
+                "layout": [],
+            }
         mps = None
         if gpu.use == "mps":
             pipe = f"{MPS_PIPE_ROOT}/{gpu.uuid}"
@@ -1459,6 +1636,35 @@ def _gpus_out(state: _Host) -> tuple:
     return gpus, daemons
 
 
+def _mig_gpus_out(gpus: list) -> list:
+    """The desired MIG state per GPU, as numafleet.tuning.nvidia_mig takes it (option gpus).
+
+    Listed: GPUs that numafleet_mig_gpus declares and GPUs in MIG mode; a GPU with MIG off that
+    is not declared is left alone.
+    """
+    out = []
+    for gpu in gpus:
+        mig = gpu["mig"]
+        if mig is None or not (mig["declared"] or mig["mode"] == "enabled"):
+            continue
+        out.append(
+            {
+                "gpu": gpu["address"],
+                "uuid": gpu["uuid"],
+                "mode": mig["mode"],
+                "layout": [
+                    {
+                        "profile": slot["profile"],
+                        "start": slot["placement_start"],
+                        "compute_profile": slot["compute_profile"],
+                    }
+                    for slot in mig["layout"]
+                ],
+            }
+        )
+    return out
+
+
 def _mig_daemons(plan_placements: list) -> list:
     daemons = []
     for entry in plan_placements:
@@ -1476,6 +1682,51 @@ def _mig_daemons(plan_placements: list) -> list:
             }
         )
     return daemons
+
+
+def _daemon_details(host: str, daemons: list, entries: list, parsed: list, gpus: list) -> None:
+    """Add unit, instance, node, CPUs, memory nodes, user and limits to each MPS daemon entry.
+
+    A daemon serves its clients only when they run as the user it runs as (its pipe directory is
+    0700), so the clients of one daemon must share one user; raises PlacementError otherwise.
+    """
+    by_name = {entry["name"]: entry for entry in entries}
+    where = {p.name: p.where for p in parsed}
+    gpu_uuid = {gpu["address"]: gpu["uuid"] for gpu in gpus}
+    for daemon in daemons:
+        clients = [by_name[name] for name in daemon["clients"]]
+        # Whole-GPU daemons serve a GPU-... UUID; MIG ones a MIG-... UUID or a pending instance.
+        mig = not (daemon["device_uuid"] or "").startswith("GPU-")
+        users = sorted({(c["user"] or "root", c["group"] or "") for c in clients})
+        if len(users) > 1:
+            named = ", ".join(f"{c['name']} runs as {c['user'] or 'root'}" for c in clients)
+            raise PlacementError(
+                host,
+                f"{where[clients[-1]['name']]}.user: the MPS clients of one daemon (GPU "
+                f"{daemon['gpu_address']}) must run as one user and group, because the daemon's "
+                f"pipe directory {daemon['pipe_dir']} is private to its user ({named}); give "
+                "them the same user (and group), or put them on different GPUs",
+            )
+        pinned = [
+            c["mps"]["pinned_memory_limit_kb"]
+            for c in clients
+            if c["mps"] and c["mps"]["pinned_memory_limit_kb"] is not None
+        ]
+        instance = daemon["device_uuid"]
+        daemon.update(
+            {
+                "instance": instance,
+                "unit": f"nvidia-mps@{instance}.service" if instance else None,
+                "gpu_uuid": gpu_uuid.get(daemon["gpu_address"]),
+                "mig": mig,
+                "node": clients[0]["node"],
+                "cpus": sorted({cpu for c in clients for cpu in c["cpus"]}),
+                "mems": sorted({node for c in clients for node in c["mems"]}),
+                "user": clients[0]["user"],
+                "group": clients[0]["group"],
+                "pinned_memory_limit_kb": max(pinned) if pinned else None,
+            }
+        )
 
 
 def _size_text(kb: int) -> str:
@@ -1519,7 +1770,9 @@ def _check_tenant_memory(host: str, tenants: list, placements: list) -> None:
         )
 
 
-def plan_host(host, numa, gpu_topology, placements, tenants, policy, hugepages_extra=None) -> dict:
+def plan_host(
+    host, numa, gpu_topology, placements, tenants, policy, hugepages_extra=None, mig_gpus=None
+) -> dict:
     """The plan (fact numafleet_plan) of one host; raises PlanError (PlacementError for bad vars).
 
     hugepages_extra (numafleet_hugepages_extra, also read from policy["hugepages_extra"] when not
@@ -1530,11 +1783,14 @@ def plan_host(host, numa, gpu_topology, placements, tenants, policy, hugepages_e
         hugepages_extra = (policy or {}).get("hugepages_extra")
     parsed_policy = parse_policy(host, policy)
     parsed_extra = parse_hugepages_extra(host, hugepages_extra)
+    if mig_gpus is None:
+        mig_gpus = (policy or {}).get("mig_gpus")
+    parsed_mig = parse_mig_gpus(host, mig_gpus)
     parsed_tenants = parse_tenants(host, tenants)
     parsed = parse_placements(host, placements, parsed_tenants)
     if parsed_tenants:
         _check_tenant_memory(host, parsed_tenants, parsed)
-    state = _Host(host, numa, gpu_topology, parsed_policy)
+    state = _Host(host, numa, gpu_topology, parsed_policy, parsed_mig)
     state.reserve_extra(parsed_extra)
     planner = _Planner(state, parsed)
     planner.run()
@@ -1583,6 +1839,7 @@ def plan_host(host, numa, gpu_topology, placements, tenants, policy, hugepages_e
     gpus_out, daemons = _gpus_out(state)
     daemons.extend(_mig_daemons(planner.out))
     daemons.sort(key=lambda d: (d["gpu_address"], d["pipe_dir"]))
+    _daemon_details(host, daemons, planner.out, parsed, gpus_out)
     return {
         "version": PLAN_VERSION,
         "host": host,
@@ -1593,6 +1850,7 @@ def plan_host(host, numa, gpu_topology, placements, tenants, policy, hugepages_e
         "nodes": nodes_out,
         "gpus": gpus_out,
         "mps_daemons": daemons,
+        "mig_gpus": _mig_gpus_out(gpus_out),
         "warnings": planner.warnings,
     }
 

@@ -222,11 +222,30 @@ def _document(header: list[str], sections: list[tuple[str, list[tuple[str, str]]
     return "\n\n".join(blocks) + "\n"
 
 
-def _mps_instance(placement: dict, where: str) -> Optional[str]:
+def _mps_daemons(plan: dict) -> dict:
+    """{pipe_dir: nvidia-mps@ unit, or None while the daemon's MIG instance does not exist yet}."""
+    daemons = plan.get("mps_daemons") if isinstance(plan, dict) else None
+    found: dict = {}
+    for entry in daemons if isinstance(daemons, list) else []:
+        if not isinstance(entry, dict) or not isinstance(entry.get("pipe_dir"), str):
+            continue
+        pending = entry.get("instance", entry.get("device_uuid")) is None
+        unit = entry.get("unit")
+        found[entry["pipe_dir"]] = None if pending else unit if isinstance(unit, str) else ""
+    return found
+
+
+def _mps_instance(placement: dict, where: str, daemons: Optional[dict] = None) -> Optional[str]:
+    """The client's nvidia-mps@ unit; None without MPS or while its daemon is pending (MIG)."""
     mps = _get(placement, "mps", (dict,), where, required=False)
     if mps is None:
         return None
     pipe_dir = _get(mps, "pipe_dir", (str,), f"{where}.mps")
+    planned = (daemons or {}).get(pipe_dir, "")
+    if planned is None:
+        return None  # the plan warns: the MIG instance is created first, then planned again
+    if planned:
+        return check_unit_name(planned, ".service", f"{where}.mps daemon unit")
     instance = posixpath.basename(pipe_dir.rstrip("/"))
     if not _INSTANCE.match(instance):
         raise UnitRenderError(
@@ -243,16 +262,28 @@ def _mps_instance(placement: dict, where: str) -> Optional[str]:
 _MERGED_SETS = ("CPUAffinity", "NUMAMask", "AllowedCPUs", "AllowedMemoryNodes")
 
 
-def _placement_entries(placement: dict, where: str, dropin: bool = False) -> tuple[list, list]:
+# Re-creates the recorded MIG layout at boot (numafleet.tuning.nvidia_mig).
+MIG_BOOT_UNIT = "numafleet-mig.service"
+
+
+def _placement_entries(
+    placement: dict, where: str, dropin: bool = False, daemons: Optional[dict] = None
+) -> tuple[list, list]:
     """([Unit] entries for MPS, [Service] pinning entries) shared by services and drop-ins.
 
-    MPS clients get After= and Wants= (not Requires=) on their nvidia-mps@ daemon: a client whose
-    daemon is absent runs without MPS instead of failing to start.
+    MPS clients get Requires= and After= on their nvidia-mps@ daemon (numafleet.tuning.nvidia_mps
+    runs it): the client starts only with its daemon, and is stopped and restarted with it, so it
+    never runs outside MPS or against a daemon that has gone. A client whose daemon waits for its
+    MIG instance gets neither (the plan carries a warning). Placements on a MIG instance start
+    after numafleet-mig.service, which re-creates the instances at boot.
     """
     unit_entries = []
-    daemon = _mps_instance(placement, where)
+    gpus = placement.get("gpus") if isinstance(placement.get("gpus"), list) else []
+    if any(isinstance(g, dict) and g.get("mig") for g in gpus):
+        unit_entries.append(("After", MIG_BOOT_UNIT))
+    daemon = _mps_instance(placement, where, daemons)
     if daemon:
-        unit_entries = [("After", daemon), ("Wants", daemon)]
+        unit_entries += [("Requires", daemon), ("After", daemon)]
     slice_unit = check_unit_name(
         _get(placement, "slice", (str,), where), ".slice", f"{where}.slice"
     )
@@ -305,10 +336,12 @@ def _exec_start(placement: dict, where: str) -> str:
     return " ".join(quote_exec_arg(arg, f"{where}.exec") for arg in argv)
 
 
-def _render_service(placement: dict, where: str, header: list[str], hardening: bool) -> str:
+def _render_service(
+    placement: dict, where: str, header: list[str], hardening: bool, daemons: dict
+) -> str:
     name = _get(placement, "name", (str,), where)
     description = _get(placement, "description", (str,), where, required=False)
-    unit_entries, pinning = _placement_entries(placement, where)
+    unit_entries, pinning = _placement_entries(placement, where, daemons=daemons)
     service = [("Type", "simple"), ("ExecStart", _exec_start(placement, where))]
     for key in ("user", "group"):
         value = _get(placement, key, (str,), where, required=False)
@@ -393,6 +426,7 @@ def _render_files(
         files[path] = text
 
     placements = _get(plan, "placements", (list,), "plan")
+    daemons = _mps_daemons(plan)
     for index, placement in enumerate(placements):
         name = placement.get("name") if isinstance(placement, dict) else None
         where = f"plan placements[{index}] ({name})" if name else f"plan placements[{index}]"
@@ -403,14 +437,18 @@ def _render_files(
             )
             hardening = _get(placement, "hardening", (bool,), where, required=False)
             text = _render_service(
-                placement, where, lines, hardening_default if hardening is None else hardening
+                placement,
+                where,
+                lines,
+                hardening_default if hardening is None else hardening,
+                daemons,
             )
             add(posixpath.join(unit_dir, unit), text, where)
         elif kind == "dropin":
             unit = check_unit_name(
                 _get(placement, "unit", (str,), where), ".service", f"{where}.unit"
             )
-            unit_entries, service = _placement_entries(placement, where, dropin=True)
+            unit_entries, service = _placement_entries(placement, where, True, daemons)
             text = _document(lines, [("Unit", unit_entries), ("Service", service)])
             add(posixpath.join(unit_dir, f"{unit}.d", DROPIN_NAME), text, where)
         else:

@@ -653,7 +653,7 @@ def test_mig_gpu_is_never_given_whole_and_whole_gpus_never_get_mig(machine_facts
     by = {g["address"]: g for g in result["gpus"]}
     assert (by["0000:31:00.0"]["use"], by["0000:31:00.0"]["mig"]) == (
         "whole",
-        {"mode": "disabled", "layout": []},
+        {"mode": "disabled", "mode_current": "disabled", "declared": False, "layout": []},
     )
     assert by["0000:17:00.0"]["use"] == "mig"
     with pytest.raises(PlanError, match=r"\(w\) needs 2 GPUs on NUMA node 0"):
@@ -662,6 +662,19 @@ def test_mig_gpu_is_never_given_whole_and_whole_gpus_never_get_mig(machine_facts
 
 # ---------------------------------------------------------------------------------------------
 # MPS
+
+
+def test_mps_clients_of_one_daemon_must_share_a_user(machine_facts):
+    placements = [
+        p("a", gpus=1, user="tei", mps={"active_thread_percentage": 40}),
+        p("b", gpus=1, user="vllm", mps={"active_thread_percentage": 60}),
+    ]
+    with pytest.raises(PlacementError) as err:
+        plan(machine_facts, H100, placements)
+    message = str(err.value)
+    assert "numafleet_placements[1] (b).user" in message
+    assert "a runs as tei, b runs as vllm" in message
+    assert "0700" not in message and "private to its user" in message
 
 
 def test_mps_clients_share_a_gpu_and_one_daemon(machine_facts):
@@ -694,6 +707,16 @@ def test_mps_clients_share_a_gpu_and_one_daemon(machine_facts):
             "log_dir": f"/var/log/nvidia-mps/{uuid}",
             "clients": ["a", "b"],
             "active_thread_percentage": 60,
+            "instance": uuid,
+            "unit": f"nvidia-mps@{uuid}.service",
+            "gpu_uuid": uuid,
+            "mig": False,
+            "node": a["node"],
+            "cpus": sorted(a["cpus"] + b["cpus"]),
+            "mems": a["mems"],
+            "user": None,
+            "group": None,
+            "pinned_memory_limit_kb": 8 << 20,
         }
     ]
     shared = result["gpus"][0]
@@ -806,6 +829,7 @@ def test_plan_shape_and_summary(machine_facts):
         "nodes",
         "gpus",
         "mps_daemons",
+        "mig_gpus",
         "warnings",
     ]
     assert list(result["placements"][0]) == [
@@ -1516,3 +1540,191 @@ def test_near_does_not_move_earlier_placements(machine_facts):
     after = plan(machine_facts, H100, [p("a", gpus=2), p("b", cpus=8), p("c", near="bb:00.0")])
     assert after["placements"][:2] == before["placements"]
     assert after["placements"][2]["node"] == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Declared MIG layouts (numafleet_mig_gpus)
+
+MIG_GPU = "0000:17:00.0"  # A100 fixture: 2g.20gb@0, 2g.20gb@2, 3g.40gb@4 exist
+
+
+def plan_mig(machine_facts, machine, placements, mig_gpus):
+    numa, gpus = machine_facts(machine)
+    return plan_host("h", numa, gpus, list(placements), [], POLICY, mig_gpus=mig_gpus)
+
+
+def layout_of(result: dict, address: str = MIG_GPU) -> list:
+    mig = {g["address"]: g for g in result["gpus"]}[address]["mig"]
+    return [
+        (s["profile"], s["placement_start"], s["placement"], s["device_uuid"] is not None)
+        for s in mig["layout"]
+    ]
+
+
+def test_declared_layout_keeps_matching_instances_and_adds_new_ones(machine_facts):
+    declared = [
+        {
+            "gpu": "17:00.0",
+            "layout": ["3g.40gb", {"profile": "2g.20gb", "start": 0}, "1g.10gb", "1g.10gb"],
+        }
+    ]
+    result = plan_mig(machine_facts, A100, [p("small", mig_profile="1g.10gb")], declared)
+    # 2g.20gb@2 is not declared: it is left out (the role destroys it); the two 1g.10gb
+    # instances take the lowest free slices, and the placement gets the first of them.
+    assert layout_of(result) == [
+        ("2g.20gb", 0, None, True),
+        ("1g.10gb", 2, "small", False),
+        ("1g.10gb", 3, None, False),
+        ("3g.40gb", 4, None, True),
+    ]
+    mig = {g["address"]: g for g in result["gpus"]}[MIG_GPU]["mig"]
+    assert (mig["mode"], mig["mode_current"], mig["declared"]) == ("enabled", "enabled", True)
+    small = by_name(result)["small"]
+    assert small["gpus"][0]["mig"]["placement_start"] == 2
+    assert any("does not exist yet" in w for w in small["warnings"])
+
+
+def test_declared_layout_is_exact_for_placements(machine_facts):
+    declared = [{"gpu": MIG_GPU, "layout": ["3g.40gb"]}]
+    result = plan_mig(machine_facts, A100, [p("e", mig_profile="3g.40gb")], declared)
+    assert layout_of(result) == [("3g.40gb", 4, "e", True)]
+    with pytest.raises(
+        PlanError, match=r"\(f\).*0000:17:00.0 \(numafleet_mig_gpus\[0\]\) is declared"
+    ):
+        plan_mig(
+            machine_facts,
+            A100,
+            [p("e", mig_profile="3g.40gb"), p("f", mig_profile="1g.10gb")],
+            declared,
+        )
+
+
+def test_declared_compute_profile_is_planned(machine_facts):
+    declared = [
+        {"gpu": MIG_GPU, "layout": [{"profile": "3g.40gb", "compute_profile": "1c.3g.40gb"}]}
+    ]
+    result = plan_mig(machine_facts, A100, [], declared)
+    mig = {g["address"]: g for g in result["gpus"]}[MIG_GPU]["mig"]
+    # The existing 3g.40gb has a full-size compute instance: a new one is planned instead.
+    assert [(s["profile"], s["compute_profile"], s["device_uuid"]) for s in mig["layout"]] == [
+        ("3g.40gb", "1c.3g.40gb", None)
+    ]
+
+
+def test_declared_disabled_makes_a_whole_gpu(machine_facts):
+    declared = [{"gpu": MIG_GPU, "mode": "disabled"}]
+    result = plan_mig(machine_facts, A100, [p("all", gpus=4, cpus=4, allow_span=True)], declared)
+    assert sorted(addresses(by_name(result)["all"]))[0] == MIG_GPU
+    mig = {g["address"]: g for g in result["gpus"]}[MIG_GPU]["mig"]
+    assert mig == {"mode": "disabled", "mode_current": "enabled", "declared": True, "layout": []}
+
+
+def test_declared_enable_on_a_gpu_without_listed_profiles(machine_facts):
+    gpu = "0000:18:00.0"  # H100 fixture: MIG disabled, profiles not listed
+    result = plan_mig(machine_facts, H100, [p("whole", gpus=8, cpus=2)][:0], [{"gpu": gpu}])
+    mig = {g["address"]: g for g in result["gpus"]}[gpu]["mig"]
+    assert mig == {"mode": "enabled", "mode_current": "disabled", "declared": True, "layout": []}
+    with pytest.raises(PlanError, match="needs 8 GPUs"):
+        plan_mig(machine_facts, H100, [p("whole", gpus=8, cpus=2, allow_span=True)], [{"gpu": gpu}])
+    with pytest.raises(PlacementError) as err:
+        plan_mig(machine_facts, H100, [], [{"gpu": gpu, "layout": ["1g.10gb"]}])
+    assert str(err.value) == (
+        "host h: numafleet_mig_gpus[0].layout: MIG is disabled on 0000:18:00.0 and its driver "
+        "lists MIG profiles only in MIG mode, so the layout cannot be checked yet; run once with "
+        "mode: enabled and no layout (that enables MIG), then add the layout"
+    )
+
+
+@pytest.mark.parametrize(
+    ("declared", "message"),
+    [
+        (
+            [{"gpu": "0000:99:00.0"}],
+            "numafleet_mig_gpus[0].gpu: 0000:99:00.0 is not a GPU of this host (GPUs: "
+            "0000:17:00.0, 0000:31:00.0, 0000:b1:00.0, 0000:ca:00.0); write one of those "
+            "addresses or its UUID",
+        ),
+        (
+            [{"gpu": MIG_GPU, "layout": ["5g.50gb"]}],
+            "numafleet_mig_gpus[0].layout[0].profile: 5g.50gb is not offered by 0000:17:00.0 "
+            "(offered: 1g.10gb, 1g.10gb+me, 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb); pick an "
+            "offered profile",
+        ),
+        (
+            [{"gpu": MIG_GPU, "layout": [{"profile": "3g.40gb", "start": 2}]}],
+            "numafleet_mig_gpus[0].layout[0].start: 3g.40gb cannot start at slice 2 on "
+            "0000:17:00.0 (possible starts: 0, 4); pick one of them or leave start out",
+        ),
+        (
+            [{"gpu": MIG_GPU, "layout": ["4g.40gb", "3g.40gb", "1g.10gb"]}],
+            "numafleet_mig_gpus[0].layout[2]: 1g.10gb does not fit on 0000:17:00.0 next to "
+            "4g.40gb@0, 3g.40gb@4; give the instances start: values that fit (nvidia-smi mig "
+            "-lgipp lists them) or drop one",
+        ),
+        (
+            [{"gpu": MIG_GPU, "layout": ["3g.40gb"] * 3}],
+            "numafleet_mig_gpus[0].layout: 3 x 3g.40gb on 0000:17:00.0, which allows at most 2; "
+            "lower the count",
+        ),
+        (
+            [{"gpu": MIG_GPU}, {"gpu": "17:00.0", "mode": "disabled"}],
+            "numafleet_mig_gpus[1].gpu: 0000:17:00.0 is also numafleet_mig_gpus[0]; declare each "
+            "GPU once",
+        ),
+        (
+            {"gpu": MIG_GPU},
+            "numafleet_mig_gpus: {'gpu': '0000:17:00.0'} is not a list; write a list of {gpu: "
+            "0000:17:00.0, mode: enabled, layout: [3g.40gb, 2g.20gb]}",
+        ),
+        (
+            [{"gpu": MIG_GPU, "mode": "on"}],
+            "numafleet_mig_gpus[0].mode: 'on' is not one of enabled, disabled (write it quoted)",
+        ),
+        (
+            [{"gpu": MIG_GPU, "mode": "disabled", "layout": ["1g.10gb"]}],
+            "numafleet_mig_gpus[0].layout: a GPU with mode: disabled has no MIG instances; remove "
+            "layout or set mode: enabled",
+        ),
+        (
+            [{"gpu": MIG_GPU, "layout": ["MIG 3g.40gb"]}],
+            "numafleet_mig_gpus[0].layout[0].profile: 'MIG 3g.40gb' is not a GPU-instance profile "
+            "name; write it as nvidia-smi mig -lgip prints it without 'MIG ', e.g. 3g.40gb or "
+            "1g.10gb",
+        ),
+        (
+            [{"gpu": MIG_GPU, "layout": [{"profile": "3g.40gb", "compute_profile": "1c.2g.20gb"}]}],
+            "numafleet_mig_gpus[0].layout[0].compute_profile: '1c.2g.20gb' is not a "
+            "compute-instance profile of 3g.40gb; write Nc.3g.40gb (N slices of it) or leave it out",
+        ),
+        (
+            [{"gpu": MIG_GPU, "layout": [{"profile": "3g.40gb", "slices": 3}]}],
+            "numafleet_mig_gpus[0].layout[0]: unknown key 'slices'; allowed keys: profile, start, "
+            "compute_profile",
+        ),
+    ],
+)
+def test_declared_mig_errors(machine_facts, declared, message):
+    with pytest.raises(PlacementError) as err:
+        plan_mig(machine_facts, A100, [], declared)
+    assert str(err.value) == f"host h: {message}"
+
+
+def test_plan_lists_the_mig_state_to_apply(machine_facts):
+    declared = [{"gpu": MIG_GPU, "layout": ["3g.40gb", "2g.20gb", "2g.20gb"]}]
+    result = plan_mig(machine_facts, A100, [p("e", mig_profile="3g.40gb")], declared)
+    assert result["mig_gpus"] == [
+        {
+            "gpu": MIG_GPU,
+            "uuid": {g["address"]: g for g in result["gpus"]}[MIG_GPU]["uuid"],
+            "mode": "enabled",
+            "layout": [
+                {"profile": "2g.20gb", "start": 0, "compute_profile": None},
+                {"profile": "2g.20gb", "start": 2, "compute_profile": None},
+                {"profile": "3g.40gb", "start": 4, "compute_profile": None},
+            ],
+        }
+    ]
+    # Undeclared GPUs with MIG off are never listed; the MIG GPU is, with the plan's layout.
+    undeclared = plan(machine_facts, A100, [p("w", gpus=1)])
+    assert [entry["gpu"] for entry in undeclared["mig_gpus"]] == [MIG_GPU]
+    assert plan(machine_facts, H100, [])["mig_gpus"] == []

@@ -223,8 +223,8 @@ GOLDEN_SERVICE = """\
 
 [Unit]
 Description=LLM at 100%% load
+Requires=nvidia-mps@GPU-8e9f.service
 After=nvidia-mps@GPU-8e9f.service
-Wants=nvidia-mps@GPU-8e9f.service
 
 [Service]
 Type=simple
@@ -307,7 +307,50 @@ def test_dropin_with_mps_orders_after_the_daemon():
     text = render(dropin(mps={"pipe_dir": "/run/nvidia-mps/MIG-1a2b"}))[
         f"{UNIT_DIR}/vllm.service.d/50-numafleet.conf"
     ]
-    assert "[Unit]\nAfter=nvidia-mps@MIG-1a2b.service\nWants=nvidia-mps@MIG-1a2b.service\n" in text
+    assert (
+        "[Unit]\nRequires=nvidia-mps@MIG-1a2b.service\nAfter=nvidia-mps@MIG-1a2b.service\n" in text
+    )
+
+
+def mps_daemon(pipe_dir: str, instance, unit=None) -> dict:
+    """An entry of plan["mps_daemons"] (only the keys the client wiring reads, plus clients)."""
+    return {
+        "pipe_dir": pipe_dir,
+        "instance": instance,
+        "device_uuid": instance,
+        "unit": unit or (f"nvidia-mps@{instance}.service" if instance else None),
+        "clients": ["llm"],
+    }
+
+
+def test_client_requires_the_daemon_unit_the_plan_names():
+    plan = make_plan(placement(mps={"pipe_dir": "/run/nvidia-mps/GPU-8e9f"}))
+    plan["mps_daemons"] = [mps_daemon("/run/nvidia-mps/GPU-8e9f", "GPU-8e9f")]
+    text = units.render_files(plan)[f"{UNIT_DIR}/numafleet-llm.service"]
+    assert "Requires=nvidia-mps@GPU-8e9f.service\nAfter=nvidia-mps@GPU-8e9f.service\n" in text
+    assert "Wants=" not in text
+
+
+def test_client_of_a_pending_mig_daemon_gets_no_dependency():
+    """The MIG instance is not created yet: Requires= on a unit without drop-in would fail it."""
+    pipe = "/run/nvidia-mps/GPU-8e9f-mig4"
+    plan = make_plan(
+        placement(
+            mps={"pipe_dir": pipe},
+            environment={"CUDA_MPS_PIPE_DIRECTORY": pipe},
+        )
+    )
+    plan["mps_daemons"] = [mps_daemon(pipe, None)]
+    text = units.render_files(plan)[f"{UNIT_DIR}/numafleet-llm.service"]
+    assert "nvidia-mps@" not in text
+    assert f'Environment="CUDA_MPS_PIPE_DIRECTORY={pipe}"' in text
+
+
+def test_hardening_leaves_the_pipe_directory_writable():
+    """ProtectSystem=full keeps /run writable (only strict would need ReadWritePaths=)."""
+    text = service_text(mps={"pipe_dir": "/run/nvidia-mps/GPU-8e9f"}, hardening=True)
+    assert "ProtectSystem=full" in text and "ProtectSystem=strict" not in text
+    assert "ReadWritePaths" not in text and "InaccessiblePaths" not in text
 
 
 def test_dropin_for_a_template_unit():
@@ -800,3 +843,13 @@ def test_verify_check_catches_a_bad_file(tmp_path, damage):
     target = unit_dir / "vllm.service.d" / "50-numafleet.conf" if extra is None else unit_dir / name
     target.write_text(target.read_text() + (extra or "Unknownish=1\n"))
     assert _verify_findings(unit_dir, names) != []
+
+
+def test_mig_placements_start_after_the_mig_boot_unit():
+    mig = {"profile": "3g.40gb", "placement_start": 4, "device_uuid": "MIG-1a2b"}
+    on_mig = placement(gpus=[{"address": "0000:17:00.0", "uuid": "GPU-8e9f", "mig": mig}])
+    whole = placement(gpus=[{"address": "0000:31:00.0", "uuid": "GPU-77aa", "mig": None}])
+    text = units.render_files(make_plan(on_mig))[f"{UNIT_DIR}/numafleet-llm.service"]
+    assert "[Unit]\n" in text and "After=numafleet-mig.service\n" in text
+    text = units.render_files(make_plan(whole))[f"{UNIT_DIR}/numafleet-llm.service"]
+    assert "numafleet-mig.service" not in text

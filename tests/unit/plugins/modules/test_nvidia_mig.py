@@ -1,0 +1,135 @@
+"""nvidia_mig through main(): render mode, NVML through an injected fake pynvml, errors."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pynvml
+
+UNIT = Path(__file__).parents[2]
+if str(UNIT) not in sys.path:
+    sys.path.insert(0, str(UNIT))
+import fake_nvml as fake  # noqa: E402
+
+SNAPSHOT = UNIT / "fixtures" / "gpu_snapshots" / "synthetic-2x6338-4xa100.json"
+
+
+def render_args(tmp_path):
+    return {
+        "gpus": [
+            {"gpu": "0000:17:00.0", "layout": [{"profile": "7g.80gb"}]},
+            {"gpu": "31:00.0", "mode": "disabled"},
+        ],  # fmt: skip
+        "snapshot": str(SNAPSHOT),
+        "root": str(tmp_path / "root"),
+        "service_manager": "none",
+    }
+
+
+def test_render_mode_check_apply_again(run_module, tmp_path):
+    args = render_args(tmp_path)
+    check = run_module("nvidia_mig", args, check_mode=True, diff=True)
+    assert check["changed"] and not (tmp_path / "root").exists()
+    assert "nvidia-smi mig -i 0000:17:00.0 -cgi 0:0" in check["would_run"]
+    assert any(d["before_header"] == "GPU 0000:17:00.0" for d in check["diff"])
+    applied = run_module("nvidia_mig", args)
+    assert applied["changed"] and applied["ran"] == []
+    state = json.loads((tmp_path / "root/etc/numafleet/mig.json").read_text())
+    assert state["gpus"][0]["layout"] == [
+        {"profile": "7g.80gb", "start": 0, "compute_profile": None}
+    ]
+    assert (tmp_path / "root/etc/systemd/system/numafleet-mig.service").is_file()
+    assert '"7g.80gb": 1' in (tmp_path / "root/etc/numafleet/mig-parted.yaml").read_text()
+    again = run_module("nvidia_mig", args)
+    assert applied["would_run"][-2:] == [
+        "systemctl daemon-reload",
+        "systemctl enable numafleet-mig.service",
+    ]
+    # The recorded GPUs never change: the second run still reports what the real host needs,
+    # but the unit is unchanged, so no systemctl line.
+    assert not again["changed"] and again["would_run"] == applied["would_run"][:-2]
+
+
+def test_nvml_backend_apply_and_rerun(run_module, tmp_path, monkeypatch):
+    gpu = fake.FakeGpu("00000000:17:00.0", "NVIDIA H100 80GB HBM3", 81920,
+                       mig=(pynvml.NVML_DEVICE_MIG_ENABLE,) * 2, profiles=fake.A100_80GB_PROFILES,
+                       architecture=pynvml.NVML_DEVICE_ARCH_HOPPER)  # fmt: skip
+    nvml = fake.FakeNvml([gpu])
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    args = {
+        "gpus": [
+            {"gpu": "0000:17:00.0", "layout": [{"profile": "3g.40gb"}, {"profile": "4g.40gb"}]}
+        ],
+        "root": str(tmp_path / "root"),
+        "procfs_root": str(tmp_path / "proc"),
+        "sysfs_root": str(tmp_path / "sys"),
+        "service_manager": "none",
+        "mig_parted_config": "",
+    }
+    check = run_module("nvidia_mig", args, check_mode=True)
+    assert check["changed"] and not set(nvml.calls) & set(fake.WRITE_FUNCTIONS)
+    done = run_module("nvidia_mig", args)
+    assert done["changed"] and len(done["mig_devices"]) == 2
+    assert all(d["device_uuid"].startswith("MIG-") for d in done["mig_devices"])
+    assert not (tmp_path / "root/etc/numafleet/mig-parted.yaml").exists()
+    again = run_module("nvidia_mig", args)
+    assert not again["changed"] and again["ran"] == []
+
+
+def test_unfit_layout_fails_with_the_message(run_module, tmp_path):
+    args = render_args(tmp_path)
+    args["gpus"][0]["layout"] = [{"profile": "7g.80gb"}, {"profile": "1g.10gb"}]
+    result = run_module("nvidia_mig", args)
+    assert result["failed"] and "does not fit GPU 0000:17:00.0" in result["msg"]
+    assert not (tmp_path / "root").exists()
+
+
+def test_planned_uuid_is_accepted_and_checked(run_module, tmp_path):
+    args = render_args(tmp_path)
+    args["gpus"][0]["uuid"] = "GPU-59365d41-8075-51ae-aac5-77cbe78ed5ad"
+    assert run_module("nvidia_mig", args, check_mode=True)["changed"]
+    args["gpus"][1]["uuid"] = "GPU-27a1a97b-100a-5f4e-9236-eb21e9fcfce0"  # the GPU at b1:00.0
+    result = run_module("nvidia_mig", args)
+    assert result["failed"] and result["msg"] == (
+        "gpus[1].uuid: GPU 31:00.0 (0000:31:00.0) has UUID GPU-fdb5df64-11ce-5c72-a560-"
+        "9702875cecd6, not GPU-27a1a97b-100a-5f4e-9236-eb21e9fcfce0 as planned: the GPU was "
+        "replaced or the plan is stale. Nothing was changed; re-gather facts and re-plan"
+    )
+    assert not (tmp_path / "root").exists()
+
+
+def test_a_gpu_listed_twice_is_refused(run_module, tmp_path):
+    args = render_args(tmp_path)
+    args["gpus"][1] = {"gpu": "GPU-59365D41-8075-51AE-AAC5-77CBE78ED5AD", "mode": "disabled"}
+    result = run_module("nvidia_mig", args)
+    assert result["failed"] and result["msg"] == (
+        "gpus[1].gpu: GPU 0000:17:00.0 is already listed as gpus[0]; list each GPU once"
+    )
+    assert not (tmp_path / "root").exists()
+
+
+def test_unknown_suboption_is_refused_by_the_argument_spec(run_module, tmp_path):
+    args = render_args(tmp_path)
+    args["gpus"][0]["uuids"] = ["GPU-x"]
+    result = run_module("nvidia_mig", args)
+    assert result["failed"] and "uuids" in result["msg"]
+
+
+def test_files_of_a_layout_no_longer_declared_are_removed(run_module, tmp_path):
+    args = render_args(tmp_path)
+    run_module("nvidia_mig", args)
+    written = sorted(p.name for p in (tmp_path / "root").rglob("*") if p.is_file())
+    assert written == ["mig-parted.yaml", "mig.json", "numafleet-mig", "numafleet-mig.service"]
+    gone = run_module("nvidia_mig", dict(args, gpus=[]), check_mode=True)
+    assert gone["changed"] and {f["state"] for f in gone["files"]} == {"remove"}
+    assert gone["would_run"] == [
+        "systemctl disable --now numafleet-mig.service",
+        "systemctl daemon-reload",
+    ]
+    assert sorted(p.name for p in (tmp_path / "root").rglob("*") if p.is_file()) == written
+    removed = run_module("nvidia_mig", dict(args, gpus=[]))
+    assert removed["changed"] and not [p for p in (tmp_path / "root").rglob("*") if p.is_file()]
+    again = run_module("nvidia_mig", dict(args, gpus=[]))
+    assert not again["changed"] and again["files"] == []
