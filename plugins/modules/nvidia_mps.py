@@ -408,6 +408,7 @@ def main() -> None:
             daemons, params["header"], unit_dir, control, params["nvidia_smi"]
         )
         manifest = units.read_manifest(root, manifest_path)
+        mps.check_manifest_owner(manifest_path, manifest.files)
         current = units.read_files(root, set(desired) | set(manifest.files))
         changes = units.plan_changes(current, desired, list(manifest.files))
         manifest_change = units.plan_manifest(manifest, desired)

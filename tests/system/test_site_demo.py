@@ -466,6 +466,9 @@ def test_client_of_a_pending_mig_instance_waits_for_the_replan(fleet):
     """classify's 1g.10gb does not exist on the recorded GPU: no device is named yet."""
     unit = _unit(fleet, "gpu-a100-01", "numafleet-classify.service")
     assert "After=numafleet-mig.service" in unit
-    assert not [line for line in unit if "CUDA_VISIBLE_DEVICES" in line]
+    # No GPU at all until the instance exists, rather than every GPU the process would see.
+    assert [line for line in unit if "CUDA_VISIBLE_DEVICES" in line] == [
+        'Environment="CUDA_VISIBLE_DEVICES="'
+    ]
     plan = fleet.first.one("gpu-a100-01", "Plan placements")
     assert any("classify" in w and "does not exist yet" in w for w in plan["warnings"])

@@ -17,11 +17,11 @@ import json
 import os
 import re
 import stat
-import tempfile
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 from .errors import NumaTuneError
+from .files import write_atomic
 from .sysfs import Reader
 from .units import FileChange, under_root
 
@@ -905,25 +905,9 @@ def file_mode(path: str) -> int:
 
 def _write_atomic(real: str, text: str, mode: int) -> None:
     fix = "Check that the directory is writable, or set root to one that is"
-    parent = os.path.dirname(real)
-    try:
-        os.makedirs(parent, mode=DIR_MODE, exist_ok=True)
-        handle, tmp = tempfile.mkstemp(
-            prefix=f".{os.path.basename(real)}.", suffix=".tmp", dir=parent
-        )
-    except OSError as exc:
-        raise HugepageError(f"{parent}: {exc.strerror or 'cannot be created'}. {fix}") from None
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, real)
-    except OSError as exc:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-        raise HugepageError(f"{real}: {exc.strerror or 'cannot be written'}. {fix}") from None
+    write_atomic(
+        real, text, mode, lambda path, reason: HugepageError(f"{path}: {reason}. {fix}"), DIR_MODE
+    )
 
 
 def write_files(root: str, changes: list) -> None:

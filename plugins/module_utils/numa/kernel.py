@@ -23,12 +23,12 @@ import os
 import posixpath
 import re
 import stat
-import tempfile
 from dataclasses import dataclass
 from typing import Optional
 
 from .cpulist import format_cpulist, parse_cpulist
 from .errors import CpulistError, NumaTuneError
+from .files import write_atomic
 from .sysfs import Reader, parse_int
 from .topology import parse_selected
 
@@ -939,27 +939,13 @@ def _emulate_selector(write: RuntimeWrite, text: str) -> str:
 
 def _write_atomic(real: str, text: str) -> None:
     fix = "check that the directory is writable, or set root to one that is"
-    parent = os.path.dirname(real)
-    try:
-        os.makedirs(parent, mode=DIR_MODE, exist_ok=True)
-        handle, tmp = tempfile.mkstemp(
-            prefix=f".{os.path.basename(real)}.", suffix=".tmp", dir=parent
-        )
-    except OSError as exc:
-        raise KernelSettingError(
-            f"{parent}: {exc.strerror or 'cannot be created'}; {fix}"
-        ) from None
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(tmp, FILE_MODE)
-        os.replace(tmp, real)
-    except OSError as exc:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-        raise KernelSettingError(f"{real}: {exc.strerror or 'cannot be written'}; {fix}") from None
+    write_atomic(
+        real,
+        text,
+        FILE_MODE,
+        lambda path, reason: KernelSettingError(f"{path}: {reason}; {fix}"),
+        DIR_MODE,
+    )
 
 
 def write_files(root: str, changes) -> None:

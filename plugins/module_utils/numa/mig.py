@@ -1212,8 +1212,9 @@ def _recorded_layout(one: GpuPlan, outcome: GpuOutcome) -> list:
     ]
 
 
-def state_text(outcome: Outcome) -> str:
-    """The JSON of the state file: format, version and each listed GPU's mode and layout."""
+def state_text(outcome: Outcome, mig_parted_path: Optional[str] = None) -> str:
+    """The JSON of the state file: format, version, each listed GPU's mode and layout, and
+    where the mig-parted config was written (None: nowhere), so a later run can remove it."""
     gpus = []
     for item in sorted(outcome.gpus, key=lambda g: g.plan.gpu.address):
         one = item.plan
@@ -1226,7 +1227,19 @@ def state_text(outcome: Outcome) -> str:
             }
         )
     data = {"format": STATE_FORMAT, "version": STATE_VERSION, "gpus": gpus}
+    if mig_parted_path:
+        data["mig_parted_config"] = mig_parted_path
     return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+
+def recorded_parted_path(text: Optional[str]) -> Optional[str]:
+    """The mig-parted config path an earlier run recorded in the state file text, or None."""
+    try:
+        data = json.loads(text) if text else None
+    except ValueError:
+        return None
+    path = data.get("mig_parted_config") if isinstance(data, dict) else None
+    return path if isinstance(path, str) and path.startswith("/") else None
 
 
 def mig_parted_text(outcome: Outcome, header: str) -> str:
@@ -1304,6 +1317,13 @@ def mig_enabled(address):
     return rc == 0 and out.strip().lower() == "enabled", out.strip()
 
 
+def same_gpu(address, uuid):
+    if not uuid:
+        return True, ""
+    rc, out = run([NVIDIA_SMI, "-i", address, "--query-gpu=uuid", "--format=csv,noheader"])
+    return rc == 0 and out.strip().lower() == uuid.lower(), out.strip()
+
+
 def has_instances(address):
     rc, out = run([NVIDIA_SMI, "mig", "-i", address, "-lgi"])
     if "No GPU instances found" in out:
@@ -1340,15 +1360,25 @@ def create(address, entry):
 
 def main(argv):
     path = argv[1] if len(argv) > 1 else "/etc/numafleet/mig.json"
-    with open(path) as handle:
-        state = json.load(handle)
-    if state.get("format") != "numafleet.tuning/mig-layout" or state.get("version") != 1:
+    try:
+        with open(path) as handle:
+            state = json.load(handle)
+    except (OSError, ValueError) as exc:
+        log("%s: cannot read the recorded layout (%s); nothing done" % (path, exc))
+        return 1
+    if not isinstance(state, dict) or state.get("format") != "numafleet.tuning/mig-layout" or state.get("version") != 1:
         log(path + " is not a numafleet.tuning/mig-layout version 1 file")
         return 1
     ok = True
     for gpu in state.get("gpus", []):
         address, layout = gpu["address"], gpu.get("layout") or []
         if gpu.get("mode") != "enabled" or not layout:
+            continue
+        same, said = same_gpu(address, gpu.get("uuid"))
+        if not same:
+            log("%s: is %s now, not the recorded %s (GPU replaced?); skipped, run site.yml"
+                % (address, said or "unknown", gpu.get("uuid")))
+            ok = False
             continue
         enabled, said = mig_enabled(address)
         if not enabled:
@@ -1387,7 +1417,7 @@ def desired_files(
 ) -> dict:
     """{host path: text} of the state file, boot program, unit and (optional) mig-parted config."""
     files = {
-        state_path: state_text(outcome),
+        state_path: state_text(outcome, mig_parted_path),
         boot_program_path: boot_program_text(),
         os.path.join(unit_dir, UNIT_NAME): unit_text(boot_program_path, state_path, header),
     }

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import ctypes
+import os
 import posixpath
 from typing import Optional
 
@@ -30,6 +31,7 @@ from .mig import (
     converge,
     desired_files,
     parse_request,
+    recorded_parted_path,
     smi_command,
 )
 from .units import check_host_path, plan_changes, read_files, write_files
@@ -517,12 +519,20 @@ def run(params: dict, check_mode: bool, runner, which, load_nvml) -> dict:
         finally:
             backend.close()
     root = params["root"]
+    if not os.path.isabs(root):
+        raise MigError(
+            f"root: {root!r} is not an absolute path; give / (the host itself) or an absolute "
+            "render directory"
+        )
     # Every file this module can write; with no GPU requested none is wanted, and the ones an
     # earlier run wrote are removed (the boot unit disabled first), so a host whose MIG
-    # declarations went away does not re-create an old layout at boot.
+    # declarations went away does not re-create an old layout at boot. A mig-parted config an
+    # earlier run wrote elsewhere (recorded in the state file) is removed too.
     owned = desired_files(outcome, state_path, program_path, unit_dir, parted)
     desired = owned if requests else {}
-    changes = plan_changes(read_files(root, set(owned)), desired, sorted(owned))
+    earlier = recorded_parted_path(read_files(root, [state_path]).get(state_path))
+    paths = set(owned) | ({earlier} if earlier else set())
+    changes = plan_changes(read_files(root, paths), desired, sorted(paths))
     unit_path = posixpath.join(unit_dir, UNIT_NAME)
     extra_ran: list = []
     if not check_mode:

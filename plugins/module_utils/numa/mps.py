@@ -210,7 +210,12 @@ def plan_daemons(plan: dict) -> tuple[list[Daemon], list[str]]:
         raise UnitRenderError(f"plan is {type(plan).__name__}, not a mapping; {_REPLAN}")
     host = plan.get("host")
     prefix = f"host {host}: " if isinstance(host, str) and host else ""
-    entries = plan.get("mps_daemons", [])
+    if "mps_daemons" not in plan:
+        raise UnitRenderError(
+            f"{prefix}plan has no mps_daemons (a plan from an older numafleet.tuning, or not a "
+            f"plan); {_REPLAN}"
+        )
+    entries = plan["mps_daemons"]
     if not isinstance(entries, list):
         raise UnitRenderError(f"{prefix}plan mps_daemons is {entries!r}, not a list; {_REPLAN}")
     daemons: dict[str, Daemon] = {}
@@ -532,3 +537,20 @@ def sync_settings(
             ran.extend(write_settings(runner, control, daemon, fix))
         drift = drift or bool(fix)
     return entries, ran, drift
+
+
+def check_manifest_owner(manifest_path: str, files) -> None:
+    """Refuse a manifest that lists files other than MPS units; raises UnitRenderError.
+
+    The files a manifest lists that are no longer wanted are removed and their units disabled,
+    so a manifest_path pointing at another module's manifest (pinned_units' own) would stop and
+    delete every pinned service.
+    """
+    foreign = sorted(path for path in files if "/nvidia-mps@" not in path)
+    if foreign:
+        raise UnitRenderError(
+            f"manifest_path: {manifest_path} lists files that are not MPS daemon units "
+            f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}): it belongs to "
+            f"another module (pinned_units uses /etc/numafleet/manifest.json); give nvidia_mps its "
+            f"own manifest, e.g. {DEFAULT_MANIFEST_PATH}"
+        )

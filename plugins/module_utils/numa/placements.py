@@ -869,6 +869,8 @@ def _mig_instance(host: str, where: str, entry) -> MigInstance:
         )
     _check_keys(host, where, entry, MIG_INSTANCE_KEYS)
     profile = entry.get("profile")
+    if profile is None:
+        raise _fail(host, f"{where}: profile is missing; write {example}")
     if not isinstance(profile, str) or not _MIG_PROFILE.match(profile):
         raise _fail(
             host,
@@ -927,7 +929,9 @@ def parse_mig_gpus(host: str, raw) -> list:
         mode = entry.get("mode", "enabled")
         if mode not in MIG_MODES:
             raise _fail(
-                host, f"{where}.mode: {mode!r} is not one of enabled, disabled (write it quoted)"
+                host,
+                f"{where}.mode: {mode!r} is not one of enabled, disabled; write mode: enabled or "
+                "mode: disabled (YAML reads a bare on/off/yes/no as true/false)",
             )
         layout = entry.get("layout")
         if layout is not None:

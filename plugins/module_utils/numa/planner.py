@@ -30,6 +30,7 @@ from .placements import (
 from .units import slice_name
 
 PLAN_VERSION = 1
+_CI_SLICES = (1, 2, 3, 4, 6, 7, 8)
 CPU_KINDS = ("cpu+memory", "cpu-only")
 MEMORY_KINDS = ("cpu+memory", "memory-only")
 MPS_PIPE_ROOT = "/run/nvidia-mps"
@@ -80,6 +81,7 @@ class _Gpu:
         "mig_mode",
         "mig_mode_current",
         "mig_declared",
+        "mig_leaving",
         "mig_supported",
         "mig_profiles",
         "mig_memory",
@@ -106,6 +108,7 @@ class _Gpu:
         self.mig_mode = mig.get("mode_current")
         self.mig_mode_current = self.mig_mode
         self.mig_declared = None  # the numafleet_mig_gpus entry of this GPU
+        self.mig_leaving = False  # declared disabled while MIG is on: not a whole GPU yet
         profiles = mig.get("supported_profiles")
         self.mig_supported = profiles
         self.mig_profiles = None
@@ -337,7 +340,7 @@ class _Host:
         self.free_whole: dict = {nid: [] for nid in self.node_ids}
         self.free_unknown: list = []
         for gpu in self.gpus:
-            if gpu.mig_mode == "enabled":
+            if gpu.mig_mode == "enabled" or gpu.mig_leaving:
                 continue
             if gpu.cpu_node is None:
                 self.free_unknown.append(gpu)
@@ -377,6 +380,9 @@ class _Host:
         if declared.mode == "disabled":
             gpu.mig_mode, gpu.mig_profiles, gpu.mig_memory = "disabled", None, {}
             gpu.mig_existing, gpu.slots = [], []
+            # Leaving MIG mode may need a GPU reset (Ampere) and happens during the run: this
+            # plan gives the GPU to nobody; the plan made once MIG is off can.
+            gpu.mig_leaving = gpu.mig_mode_current != "disabled"
             return
         gpu.mig_mode = "enabled"
         profiles = gpu.mig_supported
@@ -407,6 +413,26 @@ class _Host:
         if declared.layout is not None:
             self._declared_slots(gpu, declared, profiles)
 
+    def _check_compute_profile(self, here: str, gpu: _Gpu, item) -> None:
+        """Refuse a compute-instance profile that the GPU instance cannot hold."""
+        if item.compute_profile is None:
+            return
+        slices = int(item.compute_profile.split("c.", 1)[0])
+        gi_slices = int(item.profile.split("g.", 1)[0])
+        # NVML's compute-instance profiles: 1, 2, 3, 4, 6, 7 or 8 slices, at most the GPU
+        # instance's; a 4-slice GPU instance has no 3-slice one (nvidia-smi mig -lcip).
+        offered = [n for n in _CI_SLICES if n <= gi_slices and not (n == 3 and gi_slices == 4)]
+        if slices in offered:
+            return
+        raise PlacementError(
+            self.host,
+            f"{here}.compute_profile: {item.compute_profile} asks for {slices} slices, but a "
+            f"{item.profile} GPU instance on {gpu.address} takes compute instances of "
+            f"{', '.join(str(n) for n in offered)} slices; write one of "
+            f"{', '.join(f'{n}c.{item.profile}' for n in offered if n < gi_slices)} or leave "
+            "compute_profile out (one compute instance over the whole GPU instance)",
+        )
+
     def _declared_slots(self, gpu: _Gpu, declared, profiles: list) -> None:
         """Slots of a declared layout: kept instances, then new ones at their start or the lowest fit."""
         where = declared.where
@@ -430,6 +456,7 @@ class _Host:
                     f"{', '.join(str(start) for start, dummy in legal)}); pick one of them or "
                     "leave start out",
                 )
+            self._check_compute_profile(here, gpu, item)
             match = next(
                 (
                     instance
@@ -668,6 +695,14 @@ class _Planner:
                 )
             gpus.append(gpu)
         for gpu in gpus:
+            if gpu.mig_leaving:
+                raise PlacementError(
+                    state.host,
+                    f"{p.where}.gpus: {gpu.address} leaves MIG mode in this run "
+                    f"({gpu.mig_declared.where}.mode: disabled), which may need a GPU reset; "
+                    "list it once MIG is off (run site.yml again after the change), or list "
+                    "another GPU",
+                )
             if p.mig_profile is None and gpu.mig_mode == "enabled":
                 raise PlacementError(
                     state.host,
@@ -1437,6 +1472,10 @@ class _Planner:
             environment["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         if visible:
             environment["CUDA_VISIBLE_DEVICES"] = visible
+        elif fit.mig is not None and not fit.mig[3]:
+            # The instance does not exist yet: no GPU at all rather than every GPU the process
+            # would otherwise see. The plan made after it is created names it.
+            environment["CUDA_VISIBLE_DEVICES"] = ""
         if mps_out is not None:
             environment["CUDA_MPS_PIPE_DIRECTORY"] = mps_out["pipe_dir"]
             if mps_out["active_thread_percentage"] is not None:
@@ -1463,8 +1502,8 @@ class _Planner:
         elif fit.mig is not None and not fit.mig[3]:
             warnings.append(
                 f"MIG instance {p.mig_profile} at slice {fit.mig[0]} of GPU "
-                f"{fit.gpus[0].address} does not exist yet: CUDA_VISIBLE_DEVICES is set once it "
-                "is created and the plan is made again"
+                f"{fit.gpus[0].address} does not exist yet: CUDA_VISIBLE_DEVICES is empty (no "
+                "GPU) until it is created and the plan is made again"
             )
         for gpu in fit.gpus:
             if gpu.cpu_node is not None and gpu.cpu_node not in fit.nodes:

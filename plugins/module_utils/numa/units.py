@@ -13,13 +13,13 @@ import json
 import os
 import posixpath
 import re
-import tempfile
 import unicodedata
 from dataclasses import dataclass
 from typing import Optional
 
 from .cpulist import format_cpulist
 from .errors import UnitFileError, UnitRenderError
+from .files import write_atomic
 
 DEFAULT_HEADER = "# Managed by numafleet.tuning"
 DEFAULT_UNIT_DIR = "/etc/systemd/system"
@@ -696,25 +696,9 @@ def plan_manifest(manifest: Manifest, desired: dict[str, str]) -> Optional[FileC
 
 def _write_atomic(real: str, text: str) -> None:
     fix = "Check that the directory is writable, or set root/unit_dir to one that is"
-    parent = os.path.dirname(real)
-    try:
-        os.makedirs(parent, mode=DIR_MODE, exist_ok=True)
-        handle, tmp = tempfile.mkstemp(
-            prefix=f".{os.path.basename(real)}.", suffix=".tmp", dir=parent
-        )
-    except OSError as exc:
-        raise UnitFileError(parent, exc.strerror or "cannot be created", fix) from None
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(tmp, FILE_MODE)
-        os.replace(tmp, real)
-    except OSError as exc:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-        raise UnitFileError(real, exc.strerror or "cannot be written", fix) from None
+    write_atomic(
+        real, text, FILE_MODE, lambda path, reason: UnitFileError(path, reason, fix), DIR_MODE
+    )
 
 
 def _remove(real: str) -> None:

@@ -133,3 +133,24 @@ def test_files_of_a_layout_no_longer_declared_are_removed(run_module, tmp_path):
     assert removed["changed"] and not [p for p in (tmp_path / "root").rglob("*") if p.is_file()]
     again = run_module("nvidia_mig", dict(args, gpus=[]))
     assert not again["changed"] and again["files"] == []
+
+
+def test_mig_parted_config_turned_off_or_moved_is_removed(run_module, tmp_path):
+    args = render_args(tmp_path)
+    run_module("nvidia_mig", args)
+    old = tmp_path / "root/etc/numafleet/mig-parted.yaml"
+    assert old.is_file()
+    moved = run_module("nvidia_mig", dict(args, mig_parted_config="/etc/mig-parted/config.yaml"))
+    assert moved["changed"] and not old.exists()
+    assert (tmp_path / "root/etc/mig-parted/config.yaml").is_file()
+    off = run_module("nvidia_mig", dict(args, mig_parted_config=""))
+    assert off["changed"] and not (tmp_path / "root/etc/mig-parted/config.yaml").exists()
+    assert (tmp_path / "root/etc/numafleet/mig.json").is_file()
+    assert not run_module("nvidia_mig", dict(args, mig_parted_config=""))["changed"]
+
+
+def test_relative_root_is_refused(run_module, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = run_module("nvidia_mig", dict(render_args(tmp_path), root="relative/dir"))
+    assert result["failed"] and result["msg"].startswith("root: 'relative/dir' is not an absolute")
+    assert not (tmp_path / "relative").exists()

@@ -252,3 +252,34 @@ def test_bad_plan_fails_naming_the_entry(run_module, scratch):
     result = run_module("nvidia_mps", args(scratch, make_plan(entry(pipe_dir="/tmp/mps"))))
     assert result["failed"]
     assert result["msg"].startswith("host h1: plan mps_daemons[0].pipe_dir is '/tmp/mps'")
+
+
+def test_another_modules_manifest_is_refused_and_nothing_is_removed(run_module, scratch):
+    """pinned_units' manifest as manifest_path would remove (and stop) every pinned service."""
+    manifest = scratch / "etc/numafleet/manifest.json"
+    manifest.parent.mkdir(parents=True)
+    owned = ["/etc/systemd/system/numafleet-llm.service", "/etc/systemd/system/numafleet.slice"]
+    manifest.write_text(json.dumps({"version": 1, "files": owned, "units": []}))
+    (scratch / UNIT_DIR / "numafleet-llm.service").write_text("[Service]\n")
+    before = tree_hash(scratch)
+    result = run_module(
+        "nvidia_mps",
+        args(scratch, make_plan(entry()), manifest_path="/etc/numafleet/manifest.json"),
+    )
+    assert result["failed"]
+    assert result["msg"].startswith(
+        "manifest_path: /etc/numafleet/manifest.json lists files that are not MPS daemon units "
+        "(/etc/systemd/system/numafleet-llm.service, /etc/systemd/system/numafleet.slice): it "
+        "belongs to another module"
+    )
+    assert tree_hash(scratch) == before
+
+
+def test_a_plan_without_mps_daemons_is_refused(run_module, scratch):
+    run_module("nvidia_mps", args(scratch, make_plan(entry())))
+    before = tree_hash(scratch)
+    plan = make_plan()
+    del plan["mps_daemons"]
+    result = run_module("nvidia_mps", args(scratch, plan))
+    assert result["failed"] and "host h1: plan has no mps_daemons" in result["msg"]
+    assert tree_hash(scratch) == before

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -302,9 +303,13 @@ def test_boot_program_compiles_and_runs_the_recorded_layout(tmp_path, monkeypatc
     namespace = {"__name__": "boot"}
     exec(compile(code, "numafleet-mig", "exec"), namespace)
     calls = []
+    recorded_uuid = json.loads(state.read_text())["gpus"][0]["uuid"]
+    answers = {"uuid": recorded_uuid}
 
     def fake_run(argv):
         calls.append(argv)
+        if "--query-gpu=uuid" in argv:
+            return 0, answers["uuid"] + "\n"
         if "--query-gpu=mig.mode.current" in argv:
             return 0, "Enabled\n"
         if "-lgi" in argv:
@@ -324,6 +329,15 @@ def test_boot_program_compiles_and_runs_the_recorded_layout(tmp_path, monkeypatc
         ["-cgi", "3g.40gb:4"],
         ["-cci", "0", "-gi", "5"],
     ]
+    # Another GPU at the recorded address (replaced): nothing is created, the boot unit fails.
+    calls.clear()
+    answers["uuid"] = "GPU-00000000-0000-0000-0000-000000000000"
+    assert namespace["main"](["numafleet-mig", str(state)]) == 1
+    assert not [c for c in calls if "-cgi" in c]
+    # An unreadable or broken state file: a message, exit 1, no traceback.
+    state.write_text("{not json")
+    assert namespace["main"](["numafleet-mig", str(state)]) == 1
+    assert namespace["main"](["numafleet-mig", str(tmp_path / "missing.json")]) == 1
 
 
 @pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="needs systemd-analyze")

@@ -133,7 +133,7 @@ def test_mig_device_gets_no_compute_mode_and_no_unset_settings():
 
 def test_no_daemons_no_files():
     assert render() == {}
-    assert mps.plan_daemons({"version": 1, "placements": []}) == ([], [])
+    assert mps.plan_daemons({"version": 1, "placements": [], "mps_daemons": []}) == ([], [])
 
 
 def test_pending_mig_daemon_is_skipped_with_a_warning():

@@ -595,7 +595,8 @@ def test_new_mig_instance_takes_the_lowest_free_placement_start(machine_facts):
         "existing": False,
     }
     assert entry["cuda_visible_devices"] == ""
-    assert "CUDA_VISIBLE_DEVICES" not in entry["environment"]
+    # No GPU at all until the instance exists (not every GPU the process would otherwise see).
+    assert entry["environment"]["CUDA_VISIBLE_DEVICES"] == ""
     assert "does not exist yet" in entry["warnings"][0]
     layout = result["gpus"][0]["mig"]["layout"]
     assert [(s["placement_start"], s["placement"]) for s in layout] == [
@@ -1611,12 +1612,51 @@ def test_declared_compute_profile_is_planned(machine_facts):
     ]
 
 
-def test_declared_disabled_makes_a_whole_gpu(machine_facts):
+def test_declared_disabled_gpu_is_whole_only_once_mig_is_off(machine_facts):
     declared = [{"gpu": MIG_GPU, "mode": "disabled"}]
-    result = plan_mig(machine_facts, A100, [p("all", gpus=4, cpus=4, allow_span=True)], declared)
-    assert sorted(addresses(by_name(result)["all"]))[0] == MIG_GPU
+    # While MIG is still on (the change may wait for a reset), nobody gets the GPU.
+    result = plan_mig(machine_facts, A100, [p("three", gpus=3, cpus=4, allow_span=True)], declared)
+    assert MIG_GPU not in addresses(by_name(result)["three"])
     mig = {g["address"]: g for g in result["gpus"]}[MIG_GPU]["mig"]
     assert mig == {"mode": "disabled", "mode_current": "enabled", "declared": True, "layout": []}
+    with pytest.raises(PlanError, match="needs 4 GPUs"):
+        plan_mig(machine_facts, A100, [p("all", gpus=4, cpus=4, allow_span=True)], declared)
+    with pytest.raises(PlacementError) as err:
+        plan_mig(machine_facts, A100, [p("w", gpus=[MIG_GPU])], declared)
+    assert str(err.value) == (
+        "host h: numafleet_placements[0] (w).gpus: 0000:17:00.0 leaves MIG mode in this run "
+        "(numafleet_mig_gpus[0].mode: disabled), which may need a GPU reset; list it once MIG is "
+        "off (run site.yml again after the change), or list another GPU"
+    )
+    # Once the facts show MIG off, the same declaration makes it a whole GPU.
+    numa, gpus = machine_facts(A100)
+    entry = next(g for g in gpus["gpus"] if g["address"] == MIG_GPU)
+    entry["mig"].update(mode_current="disabled", mode_pending="disabled", gpu_instances=[])
+    result = plan_host(
+        "h", numa, gpus, [p("all", gpus=4, cpus=4, allow_span=True)], [], POLICY, mig_gpus=declared
+    )
+    assert MIG_GPU in addresses(by_name(result)["all"])
+
+
+@pytest.mark.parametrize(
+    ("compute", "message"),
+    [
+        (
+            "4c.3g.40gb",
+            "compute_profile: 4c.3g.40gb asks for 4 slices, but a 3g.40gb GPU instance on "
+            "0000:17:00.0 takes compute instances of 1, 2, 3 slices; write one of 1c.3g.40gb, "
+            "2c.3g.40gb or leave compute_profile out",
+        ),
+        ("0c.3g.40gb", "compute_profile: 0c.3g.40gb asks for 0 slices"),
+    ],
+)
+def test_declared_compute_profile_must_fit_the_instance(machine_facts, compute, message):
+    declared = [
+        {"gpu": MIG_GPU, "layout": ["2g.20gb", {"profile": "3g.40gb", "compute_profile": compute}]}
+    ]
+    with pytest.raises(PlacementError) as err:
+        plan_mig(machine_facts, A100, [], declared)
+    assert str(err.value).startswith(f"host h: numafleet_mig_gpus[0].layout[1].{message}")
 
 
 def test_declared_enable_on_a_gpu_without_listed_profiles(machine_facts):
@@ -1678,7 +1718,13 @@ def test_declared_enable_on_a_gpu_without_listed_profiles(machine_facts):
         ),
         (
             [{"gpu": MIG_GPU, "mode": "on"}],
-            "numafleet_mig_gpus[0].mode: 'on' is not one of enabled, disabled (write it quoted)",
+            "numafleet_mig_gpus[0].mode: 'on' is not one of enabled, disabled; write mode: "
+            "enabled or mode: disabled (YAML reads a bare on/off/yes/no as true/false)",
+        ),
+        (
+            [{"gpu": MIG_GPU, "layout": [{"start": 0}]}],
+            "numafleet_mig_gpus[0].layout[0]: profile is missing; write {profile: 3g.40gb, "
+            "start: 4}",
         ),
         (
             [{"gpu": MIG_GPU, "mode": "disabled", "layout": ["1g.10gb"]}],
