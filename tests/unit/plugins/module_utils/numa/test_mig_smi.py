@@ -17,7 +17,6 @@ from ansible_collections.numafleet.tuning.plugins.module_utils.numa.mig import (
 )
 
 SMI_DIR = Path(__file__).resolve().parents[3] / "fixtures" / "cmd" / "nvidia-smi"
-SHARED = Path(__file__).resolve().parents[6] / "shared" / "fixtures" / "nvidia"
 SEPARATOR = "# ---- command output below this line"
 ADDR = "0000:10:1c.0"
 
@@ -484,8 +483,8 @@ def test_create_without_success_line_fails():
 
 
 def blocked() -> dict:
-    """The recorded refusal texts of the project's shared recording, by case letter."""
-    text = (SHARED / "mig_mode-pending_and_reset-blocked_messages.txt").read_text()
+    """The recorded refusal texts (copied from the project's shared recordings), by case letter."""
+    text = (SMI_DIR / "mig-mode-pending-and-reset-blocked-messages.txt").read_text()
     body = text.split("\n", text[: text.index(SEPARATOR)].count("\n") + 1)[-1]
     found, current = {}, None
     for line in body.splitlines():
@@ -509,8 +508,6 @@ def blocked() -> dict:
     ],
 )
 def test_refusals_quote_the_driver_and_say_to_stop_the_processes(case, argv_tail, quoted):
-    if not SHARED.is_dir():
-        pytest.skip("the project's shared recordings are not next to this checkout")
     text = blocked()[case]
     mig = (
         ("nvidia-smi", "-i", ADDR) if argv_tail[0] == "-mig" else ("nvidia-smi", "mig", "-i", ADDR)
