@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from datetime import datetime, timezone
 
 from ansible.errors import AnsibleError
@@ -22,6 +21,7 @@ from ansible_collections.numafleet.tuning.plugins.plugin_utils._controller impor
     ControllerAction,
     plain,
 )
+from ansible_collections.numafleet.tuning.plugins.plugin_utils._reports import write_atomic
 
 ARGUMENT_SPEC = dict(
     report_dir=dict(type="path", required=True),
@@ -53,23 +53,6 @@ def not_verified(host: str, result) -> dict:
         "message": message,
         "detail": "not verified",
     }
-
-
-def write_atomic(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same directory, then rename."""
-    folder = os.path.dirname(path)
-    handle, temp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=folder)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.chmod(temp, 0o644)
-        os.replace(temp, path)
-    except BaseException:
-        if os.path.exists(temp):
-            os.unlink(temp)
-        raise
 
 
 class ActionModule(ControllerAction):

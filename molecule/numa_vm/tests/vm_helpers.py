@@ -117,33 +117,37 @@ def ad_hoc_message(output: str) -> str:
         return output
 
 
-def run_verify(report_dir: Path) -> tuple:
-    """Run playbooks/verify.yml against the guest; (exit status, verify.json, output)."""
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"))
+def run_playbook(playbook: str, *extra_args: str, env=None) -> tuple:
+    """Run playbooks/<playbook> against the guest; (CompletedProcess, output, seconds)."""
+    environ = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), **(env or {}))
     started = time.monotonic()
     proc = subprocess.run(
         [
             str(REPO / ".venv" / "bin" / "ansible-playbook"),
             "-i",
             INVENTORY,
-            str(REPO / "playbooks" / "verify.yml"),
-            "-e",
-            f"numafleet_report_dir={report_dir}",
+            str(REPO / "playbooks" / playbook),
+            *extra_args,
         ],
         cwd=REPO,
-        env=env,
+        env=environ,
         capture_output=True,
         text=True,
         check=False,
         timeout=900,
     )
-    output = proc.stdout + proc.stderr
+    return proc, proc.stdout + proc.stderr, round(time.monotonic() - started, 1)
+
+
+def run_verify(report_dir: Path) -> tuple:
+    """Run playbooks/verify.yml against the guest; (exit status, verify.json, output)."""
+    proc, output, seconds = run_playbook("verify.yml", "-e", f"numafleet_report_dir={report_dir}")
     report_file = report_dir / "verify.json"
     assert report_file.exists(), (
         f"verify.yml wrote no report (exit {proc.returncode}):\n{output[-4000:]}"
     )
     report = json.loads(report_file.read_text())
-    report["_elapsed_s"] = round(time.monotonic() - started, 1)
+    report["_elapsed_s"] = seconds
     return proc.returncode, report, output
 
 

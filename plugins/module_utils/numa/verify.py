@@ -994,15 +994,25 @@ def as_prometheus_text(checks, measured: Optional[dict] = None, run: Optional[di
             miss = (node.get("numastat") or {}).get("miss_ratio")
             if miss is not None:
                 families["numafleet_node_allocation_miss_ratio"].append((pairs, miss))
+    lines = prometheus_lines(families, METRICS)
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def prometheus_lines(families: dict, helps: dict) -> list:
+    """Text-format lines of gauge ``families`` ({name: [(label pairs, value)]}, in order).
+
+    Each family with samples gets its HELP (``helps[name]``) and TYPE lines; a series (the same
+    label pairs) appears once, the first sample winning, or the file would be invalid.
+    """
     lines = []
     for name, samples in families.items():
         if not samples:
             continue
-        lines.append(f"# HELP {name} {_help(METRICS[name])}")
+        lines.append(f"# HELP {name} {_help(helps[name])}")
         lines.append(f"# TYPE {name} gauge")
         seen = set()
         for pairs, value in samples:
-            if pairs not in seen:  # a series appears once (first wins), or the file is invalid
+            if pairs not in seen:
                 seen.add(pairs)
-                lines.append(f"{name}{_labels(pairs)} {_value(value)}")
-    return "\n".join(lines) + "\n" if lines else ""
+                lines.append(f"{name}{_labels(pairs) if pairs else ''} {_value(value)}")
+    return lines
