@@ -26,9 +26,10 @@ from .units import (
     Actions,
     FileChange,
     check_host_path,
-    check_text,
     escape_specifiers,
+    header_lines,
     is_dropin,
+    unit_document,
     unit_of,
 )
 
@@ -255,28 +256,6 @@ def _program(option: str, value: str) -> str:
     return path
 
 
-def _header_lines(header: str) -> list[str]:
-    if not isinstance(header, str):
-        raise UnitRenderError(f"header: {header!r} is not a string of # comment lines")
-    lines = header.rstrip("\n").split("\n") if header.strip() else []
-    for line in lines:
-        check_text(line, "header")
-        if line.strip() and not line.lstrip().startswith(("#", ";")):
-            raise UnitRenderError(
-                f"header: line {line!r} is not a comment; start every line with # "
-                '(e.g. header: "{{ ansible_managed | comment }}")'
-            )
-    return lines
-
-
-def _document(header: list[str], sections: list) -> str:
-    blocks = ["\n".join(header)] if header else []
-    for name, entries in sections:
-        if entries:
-            blocks.append("\n".join([f"[{name}]"] + [f"{key}={value}" for key, value in entries]))
-    return "\n\n".join(blocks) + "\n"
-
-
 def control_command(control: str, command: str) -> str:
     """An Exec*= line that sends ``command`` (validated words only) to the control daemon."""
     return f"{SHELL} -c 'echo {command} | {control}'"
@@ -301,7 +280,7 @@ def render_template(header: list[str], control: str) -> str:
         ("ExecStop", control_command(control, "quit")),
         ("Restart", "on-failure"),
     ]
-    return _document(
+    return unit_document(
         header,
         [("Unit", unit), ("Service", service), ("Install", [("WantedBy", "multi-user.target")])],
     )
@@ -343,7 +322,7 @@ def render_dropin(daemon: Daemon, header: list[str], control: str, nvidia_smi: s
         service.append(("ExecStartPost", control_command(control, command)))
     if not daemon.mig:
         service.append(("ExecStopPost", f"+{nvidia_smi} -i {daemon.gpu_address} -c DEFAULT"))
-    return _document(header, [("Unit", unit), ("Service", service)])
+    return unit_document(header, [("Unit", unit), ("Service", service)])
 
 
 def render_files(
@@ -360,7 +339,7 @@ def render_files(
     unit_dir = check_host_path("unit_dir", unit_dir)
     control = _program("nvidia_cuda_mps_control", control)
     nvidia_smi = _program("nvidia_smi", nvidia_smi)
-    lines = _header_lines(header)
+    lines = header_lines(header)
     if not daemons:
         return {}
     files = {posixpath.join(unit_dir, TEMPLATE_UNIT): render_template(lines, control)}

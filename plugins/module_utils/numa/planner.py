@@ -66,6 +66,23 @@ def _device_hint(device: dict) -> str:
     return f"{device['address']} ({device.get('kind')}, node {'unknown' if node is None else node})"
 
 
+def _profile_maps(profiles: list) -> tuple:
+    """({profile name: sorted (start, size) placements}, {profile name: memory_mib}) of a GPU."""
+    placements = {
+        profile["name"]: sorted(
+            (slot["start"], slot["size"]) for slot in profile.get("placements") or ()
+        )
+        for profile in profiles
+        if profile.get("name")
+    }
+    memory = {
+        profile["name"]: profile["memory_mib"]
+        for profile in profiles
+        if profile.get("name") and profile.get("memory_mib")
+    }
+    return placements, memory
+
+
 class _Gpu:
     """One GPU of the facts and what the plan has given of it so far."""
 
@@ -115,18 +132,7 @@ class _Gpu:
         self.mig_memory: dict = {}  # profile name -> memory_mib of one instance
         self.mig_existing: list = []
         if self.mig_mode == "enabled" and profiles is not None:
-            self.mig_profiles = {
-                profile["name"]: sorted(
-                    (slot["start"], slot["size"]) for slot in profile.get("placements") or ()
-                )
-                for profile in profiles
-                if profile.get("name")
-            }
-            self.mig_memory = {
-                profile["name"]: profile["memory_mib"]
-                for profile in profiles
-                if profile.get("name") and profile.get("memory_mib")
-            }
+            self.mig_profiles, self.mig_memory = _profile_maps(profiles)
             self.mig_existing = sorted(
                 (
                     (
@@ -398,18 +404,7 @@ class _Host:
             gpu.mig_profiles, gpu.mig_memory, gpu.mig_existing, gpu.slots = {}, {}, [], []
             return
         if gpu.mig_profiles is None:  # MIG off now, but the driver lists the profiles
-            gpu.mig_profiles = {
-                profile["name"]: sorted(
-                    (slot["start"], slot["size"]) for slot in profile.get("placements") or ()
-                )
-                for profile in profiles
-                if profile.get("name")
-            }
-            gpu.mig_memory = {
-                profile["name"]: profile["memory_mib"]
-                for profile in profiles
-                if profile.get("name") and profile.get("memory_mib")
-            }
+            gpu.mig_profiles, gpu.mig_memory = _profile_maps(profiles)
         if declared.layout is not None:
             self._declared_slots(gpu, declared, profiles)
 

@@ -200,7 +200,8 @@ def check_host_path(option: str, value: str) -> str:
 # --- rendering ---------------------------------------------------------------------------------
 
 
-def _header_lines(header: str) -> list[str]:
+def header_lines(header: str) -> list[str]:
+    """The lines of a unit header; raises UnitRenderError unless each is a # or ; comment."""
     if not isinstance(header, str):
         raise UnitRenderError(f"header: {header!r} is not a string of # comment lines")
     lines = header.rstrip("\n").split("\n") if header.strip() else []
@@ -214,7 +215,8 @@ def _header_lines(header: str) -> list[str]:
     return lines
 
 
-def _document(header: list[str], sections: list[tuple[str, list[tuple[str, str]]]]) -> str:
+def unit_document(header: list[str], sections: list[tuple[str, list[tuple[str, str]]]]) -> str:
+    """A unit file: header lines, then each non-empty [section] with its key=value lines."""
     blocks = ["\n".join(header)] if header else []
     for name, entries in sections:
         if entries:
@@ -353,7 +355,7 @@ def _render_service(
         service.extend(HARDENING)
     text = description or f"numafleet placement {name}"
     unit = [("Description", escape_specifiers(text, f"{where}.description"))] + unit_entries
-    return _document(
+    return unit_document(
         header,
         [("Unit", unit), ("Service", service), ("Install", [("WantedBy", "multi-user.target")])],
     )
@@ -379,7 +381,7 @@ def _render_slice(tenant: dict, where: str, header: list[str]) -> str:
             raise UnitRenderError(f"{where}.memory_max_kb is {memory_max_kb}, below 0; {_REPLAN}")
         entries.append(("MemoryMax", str(memory_max_kb * 1024)))
     unit = [("Description", escape_specifiers(text, f"{where}.description"))]
-    return _document(header, [("Unit", unit), ("Slice", entries)])
+    return unit_document(header, [("Unit", unit), ("Slice", entries)])
 
 
 def _host_prefix(plan: dict) -> str:
@@ -407,7 +409,7 @@ def _render_files(
     plan: dict, header: str, hardening_default: bool, unit_dir: str
 ) -> dict[str, str]:
     unit_dir = check_host_path("unit_dir", unit_dir)
-    lines = _header_lines(header)
+    lines = header_lines(header)
     if not isinstance(plan, dict):
         raise UnitRenderError(f"plan is {type(plan).__name__}, not a mapping; {_REPLAN}")
     version = plan.get("version")
@@ -449,7 +451,7 @@ def _render_files(
                 _get(placement, "unit", (str,), where), ".service", f"{where}.unit"
             )
             unit_entries, service = _placement_entries(placement, where, True, daemons)
-            text = _document(lines, [("Unit", unit_entries), ("Service", service)])
+            text = unit_document(lines, [("Unit", unit_entries), ("Service", service)])
             add(posixpath.join(unit_dir, f"{unit}.d", DROPIN_NAME), text, where)
         else:
             raise UnitRenderError(
