@@ -34,6 +34,8 @@ description:
   - Fails, naming the option, when O(sysfs_root) has no C(devices/system/cpu) directory or
     O(procfs_root) is not a directory; files that cannot be used become entries in
     RV(ansible_facts.gpu_topology.warnings).
+  - M(numafleet.tuning.numa_facts) with O(numafleet.tuning.numa_facts#module:gpu=true) publishes
+    exactly these facts in the same module execution as the NUMA facts.
 options:
   snapshot:
     description:
@@ -102,6 +104,9 @@ notes:
     run without a time limit and O(nvidia_smi_timeout) has no effect.
   - A value C(nvidia-smi) prints that the module does not know (a persistence, compute or MIG
     mode other than those documented) is V(null), with the reason in the GPU's C(unavailable).
+  - On Linux, C(pynvml) is imported only when NVML's library C(libnvidia-ml.so.1) loads;
+    otherwise C(nvmlInit) could only fail, and its reason (C(NVML Shared Library Not Found)) is
+    reported without the import, which costs more than the rest of the run.
 seealso:
   - module: numafleet.tuning.numa_facts
 """
@@ -432,7 +437,6 @@ ansible_facts:
               sample: nvml did not report this GPU (another driver, a cgroup, or lost)
 """
 
-import functools
 import sys
 
 from ansible.module_utils.basic import AnsibleModule
@@ -442,7 +446,7 @@ from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors impor
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.sysfs import Reader
 
 
-def _load_nvml() -> tuple:
+def load_nvml() -> tuple:
     """(pynvml module, None), or (None, why it cannot be imported)."""
     try:
         import pynvml
@@ -464,28 +468,22 @@ def main() -> None:
         supports_check_mode=True,
     )
     params = module.params
-    nvml, nvml_reason = (None, None) if params["snapshot"] else _load_nvml()
-    killer, seconds = module.get_bin_path("timeout"), params["nvidia_smi_timeout"]
-    written = False
+
+    def run(argv: list) -> tuple:
+        return module.run_command(argv, environ_update={"LC_ALL": "C", "LANG": "C"})
+
     try:
-        argv = gpu.nvidia_smi_argv(module.get_bin_path("nvidia-smi"), killer, seconds)
-        runner = None
-        if argv:
-            runner = functools.partial(
-                module.run_command, argv, environ_update={"LC_ALL": "C", "LANG": "C"}
-            )
-        state = gpu.read_gpu_state(
-            nvml,
-            nvml_reason,
-            runner,
-            params["nvidia_smi"],
+        facts, written = gpu.gather_gpu_topology(
+            Reader(params["sysfs_root"], params["procfs_root"]),
+            run,
+            module.get_bin_path,
+            load_nvml,
+            nvidia_smi_mode=params["nvidia_smi"],
+            nvidia_smi_timeout=params["nvidia_smi_timeout"],
             snapshot=params["snapshot"],
-            nvidia_smi_timeout=seconds if killer else None,
+            snapshot_out=params["snapshot_out"],
+            check_mode=module.check_mode,
         )
-        facts = gpu.read_gpu_topology(Reader(params["sysfs_root"], params["procfs_root"]), state)
-        if params["snapshot_out"] and not module.check_mode:
-            gpu.write_snapshot(params["snapshot_out"], state)
-            written = True
     except NumaTuneError as exc:
         module.fail_json(msg=str(exc))
     module.exit_json(changed=False, snapshot_written=written, ansible_facts={"gpu_topology": facts})

@@ -26,7 +26,71 @@ description:
     its path and the reason. Files that older kernels lack are read when present.
   - Fails, naming the option, when O(sysfs_root) has no C(devices/system/cpu) directory or
     O(procfs_root) is not a directory, so a mistyped root is never read as an empty machine.
-options: {}
+  - With O(gpu=true) it also publishes C(ansible_facts.gpu_topology), exactly what
+    M(numafleet.tuning.gpu_topology_facts) publishes for the same roots, snapshot and
+    C(nvidia-smi) options (NVML through C(pynvml), else C(nvidia-smi -q -x), else sysfs only;
+    see that module). The sysfs files both facts need are read once.
+  - With O(state_paths) it also publishes C(ansible_facts.numafleet_state_paths), the listed paths
+    that exist on the host, so that a play can skip a role that has nothing to apply and nothing
+    to remove without running another module.
+  - One execution of this module with O(gpu=true) and O(state_paths) gathers everything the
+    collection's roles read from a host.
+options:
+  gpu:
+    description:
+      - Also gather the host's GPUs and publish them as C(ansible_facts.gpu_topology), as
+        M(numafleet.tuning.gpu_topology_facts) does, in the same module execution.
+      - O(gpu_snapshot), O(gpu_snapshot_out), O(nvidia_smi) and O(nvidia_smi_timeout) are used
+        only when this is V(true).
+    type: bool
+    default: false
+  gpu_snapshot:
+    description:
+      - A GPU snapshot file, read instead of NVML and C(nvidia-smi), as
+        O(numafleet.tuning.gpu_topology_facts#module:snapshot) is.
+      - Such a file is written by O(gpu_snapshot_out) or by
+        O(numafleet.tuning.gpu_topology_facts#module:snapshot_out).
+      - A file that is missing or malformed fails the module with the reason.
+    type: path
+  gpu_snapshot_out:
+    description:
+      - Write the GPU state that was read (from NVML, C(nvidia-smi) or O(gpu_snapshot)) to this
+        file on the target, as JSON, replacing it.
+      - Nothing is written in check mode; RV(gpu_snapshot_written) says whether the file was
+        written.
+    type: path
+  nvidia_smi:
+    description:
+      - When to run C(nvidia-smi -q -x) for the GPU facts, as the option of the same name of
+        M(numafleet.tuning.gpu_topology_facts).
+      - V(auto) runs it only when NVML cannot be used and C(nvidia-smi) is found in C(PATH); its
+        failure is reported in RV(ansible_facts.gpu_topology.nvidia_smi.reason), not as a failed
+        task.
+      - V(always) uses it instead of NVML and fails the task when it is missing or fails.
+      - V(never) does not run it.
+      - Ignored with O(gpu_snapshot).
+    type: str
+    choices: [auto, always, never]
+    default: auto
+  nvidia_smi_timeout:
+    description:
+      - How many seconds C(nvidia-smi -q -x) may run before it is stopped (C(SIGTERM), then
+        C(SIGKILL) 5 seconds later), through coreutils C(timeout).
+      - Must be 1 or more.
+    type: int
+    default: 30
+  state_paths:
+    description:
+      - Absolute paths on the host to look for; those that exist (a dangling symbolic link
+        counts) are published in RV(ansible_facts.numafleet_state_paths), in the order given.
+      - Meant for the collection's own state files (for example C(/etc/numafleet/mig.json) or
+        C(/etc/numafleet/mps-units.json)), so that the controller can skip a role that has
+        nothing to apply and nothing to remove, without another module execution.
+      - A relative path fails the module, naming the entry of O(state_paths).
+      - With the default V([]) nothing is looked for and the fact is not published.
+    type: list
+    elements: path
+    default: []
 extends_documentation_fragment:
   - numafleet.tuning.roots
   - numafleet.tuning._attributes
@@ -34,15 +98,26 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
+    details: In check mode the facts are gathered as usual and O(gpu_snapshot_out) is not written.
   diff_mode:
     support: none
   idempotent:
     support: full
   facts:
     support: full
+requirements:
+  - With O(gpu=true), nvidia-ml-py (C(import pynvml)) on the target for NVML data; optional.
+  - With O(gpu=true), C(nvidia-smi) on the target for the fallback; optional.
+  - With O(gpu=true), coreutils C(timeout) on the target to enforce O(nvidia_smi_timeout); optional.
 notes:
   - hwloc hides some of what this module reports (offline CPUs, CPU-only memory-less nodes); this
     module reports sysfs as it is, and the planner decides what is usable.
+  - With O(gpu=true) on Linux, C(pynvml) is imported only when NVML's library
+    C(libnvidia-ml.so.1) loads; otherwise C(nvmlInit) could only fail, and its reason
+    (C(NVML Shared Library Not Found)) is reported without the import, which costs more than the
+    rest of the run. M(numafleet.tuning.gpu_topology_facts) does the same.
+  - The module always returns C(changed=false), also when it writes O(gpu_snapshot_out), which is
+    a recording, not a change to the host.
 seealso:
   - module: numafleet.tuning.gpu_topology_facts
 """
@@ -60,9 +135,35 @@ EXAMPLES = r"""
   ansible.builtin.debug:
     msg: "node {{ item.id }}: {{ item.cpus | numafleet.tuning.cpulist }} ({{ item.kind }})"
   loop: "{{ ansible_facts.numa.nodes }}"
+
+- name: Gather NUMA, GPU and state-file facts in one module execution
+  numafleet.tuning.numa_facts:
+    gpu: true
+    state_paths:
+      - /etc/numafleet/mig.json
+      - /etc/numafleet/mps-units.json
+
+- name: Show each GPU's node, and whether MIG state was recorded on this host
+  ansible.builtin.debug:
+    msg: >-
+      {{ ansible_facts.gpu_topology.gpus | map(attribute='node') | list }};
+      MIG state file {{ 'present' if '/etc/numafleet/mig.json' in ansible_facts.numafleet_state_paths else 'absent' }}
+
+- name: Plan a host from a recorded tree and GPU snapshot
+  numafleet.tuning.numa_facts:
+    sysfs_root: /srv/captures/gpu-node-17/sys
+    procfs_root: /srv/captures/gpu-node-17/proc
+    gpu: true
+    gpu_snapshot: /srv/captures/gpu-node-17/gpu-snapshot.json
+  register: __facts
 """
 
 RETURN = r"""
+gpu_snapshot_written:
+  description: Whether O(gpu_snapshot_out) was written (never in check mode, never without O(gpu=true)).
+  returned: always
+  type: bool
+  sample: false
 ansible_facts:
   description: Facts published by the module.
   returned: always
@@ -352,13 +453,326 @@ ansible_facts:
             reason:
               description: Why it could not be used.
               type: str
+    gpu_topology:
+      description:
+        - GPUs of the host and where their values came from, exactly as
+          M(numafleet.tuning.gpu_topology_facts) publishes them for the same roots and options.
+      returned: when O(gpu=true)
+      type: dict
+      contains:
+        gpus:
+          description: One entry per NVIDIA or AMD GPU under C(bus/pci/devices), sorted by PCI address; empty without GPUs.
+          returned: always
+          type: list
+          elements: dict
+          contains:
+            address:
+              description: PCI address C(DDDD:BB:DD.F) as sysfs names it.
+              type: str
+              sample: "0000:17:00.0"
+            vendor:
+              description: V(nvidia) or V(amd).
+              type: str
+              sample: nvidia
+            vendor_id:
+              description: C(vendor) file.
+              type: str
+              sample: "0x10de"
+            device_id:
+              description: C(device) file.
+              type: str
+              sample: "0x20b5"
+            numa_node:
+              description: C(numa_node) file; V(null) when the kernel says V(-1) (unknown).
+              type: int
+              sample: 0
+            node:
+              description: The node to place work for this GPU on, or V(null) when unknown.
+              type: int
+              sample: 0
+            node_source:
+              description: V(numa_node) (sysfs said so), V(local_cpulist) (local CPUs equal exactly one node's CPUs), or V(null).
+              type: str
+              sample: numa_node
+            local_cpus:
+              description: C(local_cpulist) (else C(local_cpus)) of the GPU.
+              type: list
+              elements: int
+              sample: [0, 1, 2, 3]
+            switch:
+              description: Upstream port of the PCIe switch directly above the GPU, or V(null).
+              type: str
+              sample: "0000:16:00.0"
+            root_port:
+              description: PCIe root port above the GPU, or V(null).
+              type: str
+              sample: "0000:16:02.0"
+            uuid:
+              description: GPU UUID.
+              type: str
+              sample: GPU-59365d41-8075-51ae-aac5-77cbe78ed5ad
+            name:
+              description: Product name.
+              type: str
+              sample: NVIDIA A100 80GB PCIe
+            memory_total_mib:
+              description: Total framebuffer memory in MiB.
+              type: int
+              sample: 81920
+            compute_mode:
+              description: V(default), V(exclusive_process), V(prohibited) or V(exclusive_thread).
+              type: str
+              sample: default
+            persistence_mode:
+              description: V(enabled) or V(disabled).
+              type: str
+              sample: enabled
+            mig:
+              description: MIG state; V(null) when the GPU has no MIG or it is unknown.
+              type: dict
+              contains:
+                mode_current:
+                  description: V(enabled) or V(disabled).
+                  type: str
+                  sample: enabled
+                mode_pending:
+                  description: The mode after the next GPU reset, V(enabled) or V(disabled); V(null) when unknown.
+                  type: str
+                  sample: enabled
+                gpu_instances:
+                  description: Existing GPU instances by id (empty while MIG is disabled), or V(null) when they could not be listed.
+                  type: list
+                  elements: dict
+                  contains:
+                    id:
+                      description: GPU instance id.
+                      type: int
+                      sample: 2
+                    profile_id:
+                      description: GPU-instance profile id, as the driver numbers it for this GPU.
+                      type: int
+                      sample: 9
+                    profile_name:
+                      description: Profile name as nvidia-smi prints it without C(MIG).
+                      type: str
+                      sample: 3g.40gb
+                    placement_start:
+                      description: First memory slice of the instance.
+                      type: int
+                      sample: 4
+                    placement_size:
+                      description: Memory slices of the instance.
+                      type: int
+                      sample: 4
+                    compute_instances:
+                      description: Compute instances of the GPU instance, by id.
+                      type: list
+                      elements: dict
+                      contains:
+                        id:
+                          description: Compute instance id.
+                          type: int
+                          sample: 0
+                        profile_id:
+                          description: Compute-instance profile id.
+                          type: int
+                          sample: 2
+                        profile_name:
+                          description: Profile name (V(3g.40gb), or V(1c.3g.40gb) for a smaller compute instance).
+                          type: str
+                          sample: 3g.40gb
+                        mig_device_uuid:
+                          description: UUID of the MIG device this compute instance is (for C(CUDA_VISIBLE_DEVICES)).
+                          type: str
+                          sample: MIG-d2370484-ec09-58f3-9dd0-11e29c0f61ab
+                    mig_device_uuid:
+                      description: The MIG device UUID when the GPU instance holds exactly one compute instance, else V(null).
+                      type: str
+                      sample: MIG-d2370484-ec09-58f3-9dd0-11e29c0f61ab
+                supported_profiles:
+                  description: GPU-instance profiles the GPU offers, smallest first, or V(null) when NVML did not list them.
+                  type: list
+                  elements: dict
+                  contains:
+                    name:
+                      description: Profile name (the driver's, else derived from slices and memory as nvidia-smi does).
+                      type: str
+                      sample: 1g.10gb
+                    id:
+                      description: Profile id on this GPU and driver (resolve names to ids here, never from a table).
+                      type: int
+                      sample: 19
+                    max_count:
+                      description: How many instances of the profile fit on the GPU.
+                      type: int
+                      sample: 7
+                    slice_count:
+                      description: Compute slices of the profile.
+                      type: int
+                      sample: 1
+                    memory_mib:
+                      description: Memory of an instance in MiB.
+                      type: int
+                      sample: 9728
+                    placements:
+                      description: Possible placements, or V(null) when unknown.
+                      type: list
+                      elements: dict
+                      contains:
+                        start:
+                          description: First memory slice.
+                          type: int
+                          sample: 0
+                        size:
+                          description: Memory slices.
+                          type: int
+                          sample: 1
+            processes:
+              description: PIDs of the compute and graphics processes using the GPU, sorted.
+              type: list
+              elements: int
+              sample: [4711]
+            nvlink_peers:
+              description: GPUs reachable over active NVLinks, directly or through an NVSwitch (V(null) without NVLink).
+              type: list
+              elements: str
+              sample: ["0000:2a:00.0", "0000:3a:00.0"]
+            nvlink_switches:
+              description: PCI addresses of the NVSwitches the GPU's active NVLinks end at.
+              type: list
+              elements: str
+              sample: ["0000:05:00.0"]
+            nvml_numa_node:
+              description: NVML's NUMA id of the GPU (the node holding its memory on coherent systems such as GH200). Not the CPU node; use C(node).
+              type: int
+              sample: 1
+            partition:
+              description: AMD Instinct partition modes, or V(null) (NVIDIA, or no partition files).
+              type: dict
+              contains:
+                compute:
+                  description: Compute partitioning, or V(null).
+                  type: dict
+                  contains:
+                    current:
+                      description: Current mode (C(current_compute_partition)).
+                      type: str
+                      sample: CPX
+                    available:
+                      description: Modes the GPU offers (C(available_compute_partition)).
+                      type: list
+                      elements: str
+                      sample: [SPX, DPX, QPX, CPX]
+                memory:
+                  description: Memory partitioning, or V(null); same keys as C(compute).
+                  type: dict
+                  sample: {current: NPS4, available: [NPS1, NPS4]}
+            sources:
+              description: For each field that has a value, where it came from.
+              type: dict
+              sample: {address: sysfs, node: sysfs, uuid: nvml, mig: nvml}
+            unavailable:
+              description: >-
+                Fields the enrichment could not fill, with the reason (dotted keys name parts of C(mig)).
+                For an NVIDIA GPU the enrichment did not report at all, every enriched field is listed with that reason
+                (also given in RV(ansible_facts.gpu_topology.warnings)). Empty for AMD GPUs, and when nothing
+                enriched the GPUs (see RV(ansible_facts.gpu_topology.nvml.reason) and
+                RV(ansible_facts.gpu_topology.nvidia_smi.reason)).
+              type: dict
+              sample: {nvml_numa_node: "nvmlDeviceGetNumaNodeId: Not Supported"}
+        nvml:
+          description: Whether NVML was used.
+          returned: always
+          type: dict
+          contains:
+            available:
+              description: Whether NVML answered.
+              type: bool
+              sample: false
+            reason:
+              description: Why NVML could not be used, or V(null).
+              type: str
+              sample: "nvmlInit failed: NVML Shared Library Not Found"
+            driver_version:
+              description: NVIDIA driver version NVML reported, or V(null).
+              type: str
+              sample: 560.35.03
+        nvidia_smi:
+          description: Whether C(nvidia-smi -q -x) was used.
+          returned: always
+          type: dict
+          contains:
+            used:
+              description: Whether its output enriched the GPUs.
+              type: bool
+              sample: false
+            reason:
+              description: Why it was not used (not found, timed out, failed, not needed), or V(null).
+              type: str
+              sample: nvidia-smi was not found in PATH
+            driver_version:
+              description: Driver version from its output, or V(null).
+              type: str
+              sample: 560.35.03
+        snapshot:
+          description: The snapshot read instead of NVML, if any.
+          returned: always
+          type: dict
+          contains:
+            path:
+              description: O(gpu_snapshot), or V(null).
+              type: str
+              sample: /srv/captures/gpu-node-17/gpu-snapshot.json
+            recorded_from:
+              description: What the snapshot was recorded from (V(nvml) or V(nvidia-smi)), or V(null).
+              type: str
+              sample: nvml
+        sysfs_root:
+          description: The sysfs root that was read.
+          returned: always
+          type: str
+          sample: /sys
+        warnings:
+          description: Files that could not be used, and GPUs seen by only one of sysfs and the enrichment.
+          returned: always
+          type: list
+          elements: dict
+          contains:
+            path:
+              description: The file, the PCI address, or C(nvml:deviceN).
+              type: str
+              sample: "0000:17:00.0"
+            reason:
+              description: What went wrong.
+              type: str
+              sample: nvml did not report this GPU (another driver, a cgroup, or lost)
+    numafleet_state_paths:
+      description:
+        - The entries of O(state_paths) that exist on the host (C(os.path.lexists); a dangling
+          symbolic link counts), in the order given.
+        - A playbook skips a role when none of its state files is listed and it has nothing to
+          apply.
+      returned: when O(state_paths) is not empty
+      type: list
+      elements: str
+      sample: ["/etc/numafleet/mig.json"]
 """
+
+import sys
 
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import NumaTuneError
-from ansible_collections.numafleet.tuning.plugins.module_utils.numa.facts import read_numa_facts
-from ansible_collections.numafleet.tuning.plugins.module_utils.numa.sysfs import Reader
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa.facts import gather_facts
+
+
+def load_nvml() -> tuple:
+    """(pynvml module, None), or (None, why it cannot be imported)."""
+    try:
+        import pynvml
+    except ImportError as exc:
+        return None, f"nvidia-ml-py (import pynvml) is not installed for {sys.executable}: {exc}"
+    return pynvml, None
 
 
 def main() -> None:
@@ -366,14 +780,26 @@ def main() -> None:
         argument_spec=dict(
             sysfs_root=dict(type="path", default="/sys"),
             procfs_root=dict(type="path", default="/proc"),
+            gpu=dict(type="bool", default=False),
+            gpu_snapshot=dict(type="path"),
+            gpu_snapshot_out=dict(type="path"),
+            nvidia_smi=dict(type="str", default="auto", choices=["auto", "always", "never"]),
+            nvidia_smi_timeout=dict(type="int", default=30),
+            state_paths=dict(type="list", elements="path", default=[]),
         ),
         supports_check_mode=True,
     )
+
+    def run(argv: list) -> tuple:
+        return module.run_command(argv, environ_update={"LC_ALL": "C", "LANG": "C"})
+
     try:
-        facts = read_numa_facts(Reader(module.params["sysfs_root"], module.params["procfs_root"]))
+        facts, written = gather_facts(
+            module.params, module.check_mode, run, module.get_bin_path, load_nvml
+        )
     except NumaTuneError as exc:
         module.fail_json(msg=str(exc))
-    module.exit_json(changed=False, ansible_facts={"numa": facts})
+    module.exit_json(changed=False, gpu_snapshot_written=written, ansible_facts=facts)
 
 
 if __name__ == "__main__":

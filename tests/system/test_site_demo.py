@@ -109,27 +109,34 @@ CONTROLLER_SIDE = {
 
 
 def test_modules_run_once_per_role_per_host(fleet):
-    """Fleet cost: two facts modules and one module per apply role; the rest stays on the controller.
+    """Fleet cost: one facts module and one module per apply role; the rest stays on the controller.
 
-    The GPU roles send their module only to hosts that have the hardware: nvidia_mig to hosts with
-    a MIG-capable GPU, nvidia_mps to hosts with an NVIDIA GPU.
+    The GPU roles send their module only to hosts with something to do: nvidia_mig where a GPU is
+    in MIG mode or a layout is declared (or an earlier run recorded one), nvidia_mps where MPS
+    daemons are planned (or an earlier run installed some). This fresh fleet has no earlier state.
     """
     with_gpu_roles = {}
     for host in fleet.hosts:
-        # The recorded NVIDIA GPU state of the host (none: no NVIDIA GPU).
+        # The recorded NVIDIA GPU state of the host (none: no NVIDIA GPU) and its host_vars.
         snapshot = fleet.base / ".demo" / host / "gpu-snapshot.json"
         gpus = json.loads(snapshot.read_text())["gpus"] if snapshot.is_file() else []
+        host_vars = fleet.base / "inventories" / "demo" / "host_vars" / f"{host}.yml"
+        declared = yaml.safe_load(host_vars.read_text()) if host_vars.is_file() else {}
+        in_mig = any(
+            "enabled"
+            in ((g.get("mig") or {}).get("mode_current"), (g.get("mig") or {}).get("mode_pending"))
+            for g in gpus
+        )
         gpu_modules = []
-        if any((g.get("mig") or {}).get("mode_current") for g in gpus):
+        if in_mig or declared.get("numafleet_mig_gpus"):
             gpu_modules.append("numafleet.tuning.nvidia_mig")
-        if gpus:
+        if any("mps" in p for p in declared.get("numafleet_placements", [])):
             gpu_modules.append("numafleet.tuning.nvidia_mps")
         with_gpu_roles[host] = gpu_modules
         ran = [r["action"] for r in fleet.first.results(host) if r["status"] != "skipped"]
         remote = sorted(a for a in ran if a not in CONTROLLER_SIDE)
         assert remote == sorted(
             [
-                "numafleet.tuning.gpu_topology_facts",
                 "numafleet.tuning.numa_facts",
                 "numafleet.tuning.numa_hugepages",
                 "numafleet.tuning.numa_kernel",
@@ -137,12 +144,13 @@ def test_modules_run_once_per_role_per_host(fleet):
             ]
             + gpu_modules
         ), (host, ran)
-    # The demo fleet has both kinds: GPU servers get the GPU modules, the others do not.
+    # The demo fleet has both kinds: the MIG and MPS server gets the GPU modules, the others not
+    # (gpu-h100-01 has MIG-capable GPUs, none in MIG mode and no layout declared).
     assert with_gpu_roles["gpu-a100-01"] == [
         "numafleet.tuning.nvidia_mig",
         "numafleet.tuning.nvidia_mps",
     ]
-    assert with_gpu_roles["qemu-2node-01"] == [] and with_gpu_roles["mi300x-01"] == []
+    assert with_gpu_roles["gpu-h100-01"] == [] and with_gpu_roles["qemu-2node-01"] == []
 
 
 def test_one_summary_line_per_host(fleet):

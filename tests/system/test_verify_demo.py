@@ -96,13 +96,12 @@ CONTROLLER_SIDE = {
 }
 
 
-def test_render_mode_sends_three_modules_per_host(fleet):
-    """Facts (2) + pinned_units in check mode; numa_locality_info is skipped in render mode."""
+def test_render_mode_sends_two_modules_per_host(fleet):
+    """Facts (one module) + pinned_units in check mode; numa_locality_info is skipped in render mode."""
     for host in fleet.hosts:
         ran = [r["action"] for r in fleet.verify.results(host) if r["status"] != "skipped"]
         remote = sorted(a for a in ran if a not in CONTROLLER_SIDE)
         assert remote == [
-            "numafleet.tuning.gpu_topology_facts",
             "numafleet.tuning.numa_facts",
             "numafleet.tuning.pinned_units",
         ], (host, ran)

@@ -1,10 +1,23 @@
 # Private to this collection: may change in any release.
-"""The whole of ansible_facts.numa: topology, PCI locality and the reader's warnings."""
+"""The whole of ansible_facts.numa: topology, PCI locality and the reader's warnings.
+
+gather_facts() is numa_facts' one run: ansible_facts.numa, and on request the host's GPUs
+(ansible_facts.gpu_topology, as gpu_topology_facts gives it) and which of the collection's state
+files exist (ansible_facts.numafleet_state_paths), so that a play needs one module execution.
+"""
 
 from __future__ import annotations
 
+import os
+from typing import Callable
+
 from . import pci, topology
+from .errors import NumaTuneError
 from .sysfs import Reader
+
+
+class StatePathError(NumaTuneError):
+    """An entry of numa_facts' state_paths is not an absolute path."""
 
 
 def read_numa_facts(reader: Reader) -> dict:
@@ -22,3 +35,57 @@ def read_numa_facts(reader: Reader) -> dict:
     facts["procfs_root"] = reader.procfs_root
     facts["warnings"] = sorted(reader.warnings, key=lambda w: (w["path"], w["reason"]))
     return facts
+
+
+def check_state_paths(paths: list) -> list:
+    """``paths`` as a list of strings; raises StatePathError for an entry that is not absolute."""
+    checked = []
+    for index, path in enumerate(paths):
+        if not isinstance(path, str) or not os.path.isabs(path):
+            raise StatePathError(
+                f"state_paths[{index}]: {path!r} is not an absolute path; list each state file "
+                "from / on the host, for example /etc/numafleet/mig.json"
+            )
+        checked.append(path)
+    return checked
+
+
+def read_state_paths(paths: list) -> list:
+    """The entries of ``paths`` that exist (os.path.lexists: a dangling link counts), in order.
+
+    Raises StatePathError for an entry that is not absolute.
+    """
+    return [path for path in check_state_paths(paths) if os.path.lexists(path)]
+
+
+def gather_facts(
+    params: dict, check_mode: bool, runner: Callable, which: Callable, load_nvml: Callable
+) -> tuple:
+    """(ansible_facts, whether gpu_snapshot_out was written) of numa_facts for its ``params``.
+
+    Raises StatePathError, TopologyError, and with ``gpu`` whatever gather_gpu_topology raises.
+    ``runner``, ``which`` and ``load_nvml`` are used only with ``gpu``; see gather_gpu_topology.
+    The GPU pass reads through a sibling reader: the files the NUMA pass read are not read
+    again, and its warnings are only the GPU pass's own, as gpu_topology_facts reports them.
+    """
+    state_paths = check_state_paths(params.get("state_paths") or [])
+    reader = Reader(params["sysfs_root"], params["procfs_root"], remember=bool(params.get("gpu")))
+    facts = {"numa": read_numa_facts(reader)}
+    written = False
+    if params.get("gpu"):
+        from . import gpu  # imported only when asked for: it is the largest file of the run
+
+        facts["gpu_topology"], written = gpu.gather_gpu_topology(
+            reader.sibling(),
+            runner,
+            which,
+            load_nvml,
+            nvidia_smi_mode=params["nvidia_smi"],
+            nvidia_smi_timeout=params["nvidia_smi_timeout"],
+            snapshot=params.get("gpu_snapshot"),
+            snapshot_out=params.get("gpu_snapshot_out"),
+            check_mode=check_mode,
+        )
+    if state_paths:
+        facts["numafleet_state_paths"] = read_state_paths(state_paths)
+    return facts, written

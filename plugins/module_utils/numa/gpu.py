@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import copy
 import ctypes
+import functools
+import importlib.util
 import json
 import os
 import re
 import stat
+import sys
 from dataclasses import dataclass, replace
 from typing import Callable, Optional
-from xml.etree import ElementTree
 
 from . import pci, topology
 from .errors import CommandOutputError, NumaTuneError, SnapshotError
@@ -32,6 +34,11 @@ SNAPSHOT_FORMAT = "numafleet.tuning/gpu-snapshot"
 SNAPSHOT_VERSION = 1
 NVIDIA_SMI_COMMAND = "nvidia-smi -q -x"
 NVIDIA_SMI_MODES = ("auto", "always", "never")
+# The library pynvml's nvmlInit loads on Linux, and the reason read_nvml gives when that fails
+# (pynvml raises NVMLError_LibraryNotFound, "NVML Shared Library Not Found").
+NVML_LIBRARY = "libnvidia-ml.so.1"
+NVML_LIBRARY_MISSING = "nvmlInit failed: NVML Shared Library Not Found"
+_NVML_MODULE = "pynvml"
 # Values the GPU's enrichment (NVML, nvidia-smi or snapshot) provides, in facts order.
 ENRICHED_FIELDS = (
     "uuid",
@@ -64,7 +71,8 @@ _SNAPSHOT_LIMIT = 64 << 20
 _CARD_RE = re.compile(r"^card[0-9]+$")
 # NVML_GPU_INSTANCE_PROFILE_<n>_SLICE[_<variant>]: the variant decides the name suffix, as in
 # nvidia-smi and NVIDIA's go-nvlib (REV1 = with media extensions, REV2 = double memory).
-_GI_CONSTANT_RE = re.compile(r"^NVML_GPU_INSTANCE_PROFILE_([0-9]+)_SLICE(?:_([A-Z0-9_]+))?$")
+# Patterns only NVML needs are compiled when first used (re caches them), not at import.
+_GI_CONSTANT_RE = r"^NVML_GPU_INSTANCE_PROFILE_([0-9]+)_SLICE(?:_([A-Z0-9_]+))?$"
 _GI_SUFFIXES = {
     None: "",
     "REV1": "+me",
@@ -73,7 +81,7 @@ _GI_SUFFIXES = {
     "NO_ME": "-me",
     "ALL_ME": "+me.all",
 }
-_CI_CONSTANT_RE = re.compile(r"^NVML_COMPUTE_INSTANCE_PROFILE_([0-9]+)_SLICE(?:_[A-Z0-9]+)?$")
+_CI_CONSTANT_RE = r"^NVML_COMPUTE_INSTANCE_PROFILE_([0-9]+)_SLICE(?:_[A-Z0-9]+)?$"
 _NOT_AVAILABLE = ("", "n/a", "none")
 # nvidia-smi's spellings of the values the facts give in lower case.
 _XML_SWITCH = ("Enabled", "Disabled")
@@ -361,7 +369,8 @@ def _profile_name(raw) -> Optional[str]:
     return name or None
 
 
-def _constants(query: _Query, pattern) -> list:
+def _constants(query: _Query, pattern: str) -> list:
+    pattern = re.compile(pattern)
     found = []
     for name in dir(query.nvml):
         match = pattern.match(name)
@@ -778,6 +787,8 @@ def parse_nvidia_smi_xml(text: str) -> GpuState:
     A ``<gpu>`` without a usable bus id becomes a warning; absent or ``N/A`` values are None with
     the reason in the GPU's ``unavailable`` map.
     """
+    from xml.etree import ElementTree  # only nvidia-smi's output needs it: imported when used
+
     try:
         root = ElementTree.fromstring(text)
     except (ElementTree.ParseError, ValueError, LookupError) as exc:
@@ -1243,3 +1254,85 @@ def read_gpu_topology(reader: Reader, state: GpuState) -> dict:
         "sysfs_root": reader.sysfs_root,
         "warnings": _sorted_warnings(list(reader.warnings) + list(state.warnings) + warnings),
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# One gathering: what gpu_topology_facts and numa_facts (gpu=true) run
+
+
+def read_nvml_library(load: Callable = ctypes.CDLL) -> bool:
+    """Whether NVML_LIBRARY loads, as pynvml's nvmlInit loads it on Linux; never raises."""
+    try:
+        load(NVML_LIBRARY)
+    except OSError:
+        return False
+    return True
+
+
+def _module_findable(name: str) -> bool:
+    if name in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return True  # let the import itself say what is wrong
+
+
+def load_nvml_if_usable(load_nvml: Callable, library_loads: Callable = read_nvml_library) -> tuple:
+    """``load_nvml()`` -> (pynvml, None) or (None, reason), skipping an import that cannot help.
+
+    Importing pynvml costs more than the rest of a facts run. On Linux, when pynvml is installed
+    but not yet imported and NVML_LIBRARY does not load, its nvmlInit could only fail with
+    NVML_LIBRARY_MISSING: that reason is returned without the import, exactly what read_nvml
+    would have given. Anywhere else ``load_nvml`` is called.
+    """
+    if (
+        sys.platform.startswith("linux")
+        and _NVML_MODULE not in sys.modules
+        and _module_findable(_NVML_MODULE)
+        and not library_loads()
+    ):
+        return None, NVML_LIBRARY_MISSING
+    return load_nvml()
+
+
+def gather_gpu_topology(
+    reader: Reader,
+    runner: Callable,
+    which: Callable,
+    load_nvml: Callable,
+    nvidia_smi_mode: str = "auto",
+    nvidia_smi_timeout: int = 30,
+    snapshot: Optional[str] = None,
+    snapshot_out: Optional[str] = None,
+    check_mode: bool = False,
+    library_loads: Callable = read_nvml_library,
+) -> tuple:
+    """(ansible_facts.gpu_topology, whether ``snapshot_out`` was written) for the host.
+
+    Raises CommandOutputError (bad ``nvidia_smi_timeout``, or ``always`` failed), SnapshotError
+    (bad ``snapshot``, ``snapshot_out`` not writable) and TopologyError (roots not sysfs/procfs).
+
+    ``runner(argv) -> (rc, out, err)`` runs a command in the C locale, ``which(name)`` finds a
+    binary in PATH (None when absent), ``load_nvml()`` gives (pynvml, None) or (None, why it
+    cannot be imported); NVML is not loaded at all with a ``snapshot``. ``snapshot_out`` is
+    written unless ``check_mode``.
+    """
+    nvml, nvml_reason = (None, None)
+    if not snapshot:
+        nvml, nvml_reason = load_nvml_if_usable(load_nvml, library_loads)
+    killer = which("timeout")
+    argv = nvidia_smi_argv(which("nvidia-smi"), killer, nvidia_smi_timeout)
+    state = read_gpu_state(
+        nvml,
+        nvml_reason,
+        functools.partial(runner, argv) if argv else None,
+        nvidia_smi_mode,
+        snapshot=snapshot,
+        nvidia_smi_timeout=nvidia_smi_timeout if killer else None,
+    )
+    facts = read_gpu_topology(reader, state)
+    if snapshot_out and not check_mode:
+        write_snapshot(snapshot_out, state)
+        return facts, True
+    return facts, False

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Optional
 
 from .sysfs import Reader
+from .topology import as_plain
 
 PCI_DIR = ("bus", "pci", "devices")
 # PCI addresses: domain (16 bits usually, 32 bits on VMD/Hyper-V hosts), bus, device, function.
@@ -85,10 +86,7 @@ def _upstream(reader: Reader, link: str, address: str) -> tuple:
     real = reader.realpath(link)
     parts = real.split(os.sep)
     host_bridge = next((p for p in parts if p.startswith("pci") and ":" in p), None)
-    chain = []
-    for part in parts:
-        if _ADDRESS_RE.match(part):
-            chain.append(part.lower())
+    chain = [part.lower() for part in parts if _ADDRESS_RE.match(part)]
     if chain and chain[-1] == address:
         chain.pop()
     return host_bridge, tuple(chain), os.path.dirname(real)
@@ -100,8 +98,10 @@ def _class_above(reader: Reader, real_parent: str) -> Optional[str]:
     return text[:6].lower() if text else None
 
 
-def _read_device(reader: Reader, address: str, node_cpus: dict) -> PciDevice:
-    link = reader.sys(*PCI_DIR, address)
+def _read_device(
+    reader: Reader, base: str, address: str, parsed: tuple, node_cpus: dict
+) -> PciDevice:
+    link = f"{base}/{address}"
     # Every kernel writes class and vendor: without them a device cannot be classified.
     class_code = reader.text(f"{link}/class")
     vendor_id = reader.text(f"{link}/vendor")
@@ -118,7 +118,7 @@ def _read_device(reader: Reader, address: str, node_cpus: dict) -> PciDevice:
     switch = None
     if len(chain) >= 3 and _class_above(reader, real_parent) == _BRIDGE_CLASS:
         switch = chain[-2]
-    domain, bus = parse_address(address)[:2]
+    domain, bus = parsed[:2]
     return PciDevice(
         address=address,
         domain=domain,
@@ -148,12 +148,13 @@ def read_pci_devices(reader: Reader, node_cpus: dict) -> list:
     devices = []
     for name in reader.listdir(base, optional=True):
         try:
-            parse_address(name)
+            parsed = parse_address(name)
         except ValueError as exc:
             reader.warn(f"{base}/{name}", str(exc))
             continue
-        devices.append(_read_device(reader, name.lower(), node_cpus))
-    return sorted(devices, key=lambda dev: parse_address(dev.address))
+        devices.append((parsed, _read_device(reader, base, name.lower(), parsed, node_cpus)))
+    devices.sort(key=lambda pair: pair[0])
+    return [device for dummy, device in devices]
 
 
 def placement_devices(devices: list) -> list:
@@ -163,10 +164,4 @@ def placement_devices(devices: list) -> list:
 
 def as_facts(devices: list) -> list:
     """JSON-ready list of PciDevice dicts (``ansible_facts.numa.pci_devices``)."""
-    out = []
-    for dev in devices:
-        data = asdict(dev)
-        data["upstream"] = list(dev.upstream)
-        data["local_cpus"] = list(dev.local_cpus) if dev.local_cpus is not None else None
-        out.append(data)
-    return out
+    return [as_plain(dev) for dev in devices]

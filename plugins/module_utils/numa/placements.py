@@ -47,6 +47,7 @@ MPS_KEYS = ("active_thread_percentage", "pinned_memory_limit")
 RESERVED_ENV = ("CUDA_VISIBLE_DEVICES",)
 
 DEFAULT_HEADROOM_PCT = 15
+_PLACEMENT_KEY_SET = frozenset(PLACEMENT_KEYS)
 _KEY_SETS = {
     keys: frozenset(keys)
     for keys in (
@@ -76,6 +77,8 @@ _SIZE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)\s*(?:([kmgt])(i?))?(b?)$", re.IGNORE
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _QUOTING = re.compile(r"['\"\\]")
 _MULTIPLIER = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+# The last character of the usual sizes (64G, 512M): its multiplier, either case.
+_UNIT_MULTIPLIER = {unit: _MULTIPLIER[unit.lower()] for unit in "kmgtKMGT"}
 _GPU_ADDRESS = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 # BB:DD.F, the form without the PCI domain that lspci and the plan summary print.
 GPU_SHORT_ADDRESS = re.compile(r"^[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
@@ -185,12 +188,13 @@ class Policy:
     memory_headroom_pct: int
 
 
-def _frozen(cls, **fields):
-    """An instance of frozen dataclass cls holding fields (all of them, no defaults).
+def _frozen(cls, fields: dict):
+    """An instance of frozen dataclass cls holding fields, a dict of all of them (no defaults).
 
     The generated __init__ of a frozen dataclass sets every field through
     object.__setattr__, which costs a third of the time of parsing a placement; the object
-    made here is the same (equal, hashable, still frozen).
+    made here is the same (equal, hashable, still frozen). fields is a dict rather than
+    keyword arguments because packing 22 keyword arguments costs as much again.
     """
     instance = object.__new__(cls)
     instance.__dict__.update(fields)
@@ -208,7 +212,11 @@ def _is_int(value) -> bool:
 def parse_size_kb(value) -> Optional[int]:
     """kB (KiB, rounded up) of a size: int bytes or '<number>[KMGT][i][B]'; None if not a size."""
     if value.__class__ is str:
-        match = _SIZE.match(value.strip())
+        text = value.strip()
+        digits, multiplier = text[:-1], _UNIT_MULTIPLIER.get(text[-1:])
+        if multiplier is not None and digits.isdigit() and digits.isascii():  # 64G, 512M
+            return -(-int(digits) * multiplier // 1024)
+        match = _SIZE.match(text)
     elif _is_int(value):
         return -(-value // 1024) if value >= 0 else None
     else:
@@ -591,7 +599,8 @@ def _placement(host: str, index: int, entry, tenants: set) -> Placement:
             "starting with a letter or digit",
         )
     where = f"{here} ({name})"
-    _check_keys(host, where, entry, PLACEMENT_KEYS)
+    if not _PLACEMENT_KEY_SET.issuperset(entry):
+        _check_keys(host, where, entry, PLACEMENT_KEYS)
     tenant = entry.get("tenant")
     if tenant is not None and tenant not in tenants:
         known = ", ".join(sorted(tenants)) or "none defined"
@@ -606,9 +615,12 @@ def _placement(host: str, index: int, entry, tenants: set) -> Placement:
         description = f"numafleet placement {name}"
     _check_text(host, where, "description", description)
     gpus = entry.get("gpus")
-    gpu_count, gpu_ids = (
-        (gpus, None) if gpus.__class__ is int and gpus >= 0 else _gpus(host, where, gpus)
-    )
+    if gpus is None:
+        gpu_count, gpu_ids = 0, None
+    elif gpus.__class__ is int and gpus >= 0:
+        gpu_count, gpu_ids = gpus, None
+    else:
+        gpu_count, gpu_ids = _gpus(host, where, gpus)
     cpus = entry.get("cpus")
     cpu_count, cpu_list = (
         (cpus, None) if cpus.__class__ is int and cpus >= 1 else _cpus(host, where, cpus)
@@ -643,30 +655,37 @@ def _placement(host: str, index: int, entry, tenants: set) -> Placement:
             f"placement asks for {gpu_count}; set gpus: 1, list one GPU, or use mig_profile",
         )
     hugepages, environment = entry.get("hugepages"), entry.get("environment")
+    allow_span, hardening = entry.get("allow_span"), entry.get("hardening")
     return _frozen(
         Placement,
-        index=index,
-        name=name,
-        tenant=tenant,
-        exec=exec_text,
-        argv=argv,
-        unit=unit,
-        user=user,
-        group=group,
-        description=description,
-        gpu_count=gpu_count,
-        gpu_ids=gpu_ids,
-        cpu_count=cpu_count,
-        cpu_list=cpu_list,
-        node=node,
-        near=None if near is None else _near(host, where, near),
-        memory_kb=memory_kb,
-        hugepages=None if hugepages is None else _hugepages(host, where, hugepages),
-        environment=() if environment is None else _environment(host, where, environment),
-        mig_profile=None if mig_profile is None else mig_profile.strip(),
-        mps=mps,
-        allow_span=_bool(host, where, "allow_span", entry.get("allow_span"), False),
-        hardening=_bool(host, where, "hardening", entry.get("hardening"), None),
+        {
+            "index": index,
+            "name": name,
+            "tenant": tenant,
+            "exec": exec_text,
+            "argv": argv,
+            "unit": unit,
+            "user": user,
+            "group": group,
+            "description": description,
+            "gpu_count": gpu_count,
+            "gpu_ids": gpu_ids,
+            "cpu_count": cpu_count,
+            "cpu_list": cpu_list,
+            "node": node,
+            "near": None if near is None else _near(host, where, near),
+            "memory_kb": memory_kb,
+            "hugepages": None if hugepages is None else _hugepages(host, where, hugepages),
+            "environment": () if environment is None else _environment(host, where, environment),
+            "mig_profile": None if mig_profile is None else mig_profile.strip(),
+            "mps": mps,
+            "allow_span": (
+                False if allow_span is None else _bool(host, where, "allow_span", allow_span, False)
+            ),
+            "hardening": (
+                None if hardening is None else _bool(host, where, "hardening", hardening, None)
+            ),
+        },
     )
 
 

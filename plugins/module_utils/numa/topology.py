@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+import copy
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Optional
 
 from .cpulist import format_cpulist
@@ -20,6 +21,8 @@ KIND_UNKNOWN = "unknown"
 _NODE_RE = re.compile(r"^node([0-9]+)$")
 _CPU_RE = re.compile(r"^cpu([0-9]+)$")
 _POOL_RE = re.compile(r"^hugepages-([0-9]+)kB$")
+# Values as_plain() passes through as they are.
+_LEAVES = (str, int, float, bool, type(None))
 _MEMINFO_RE = re.compile(r"^(?:Node\s+\d+\s+)?([A-Za-z0-9_()]+):\s+(\d+)(?:\s+kB)?$")
 
 
@@ -224,8 +227,8 @@ def _cpu_sets(reader: Reader, cpu_ids: list) -> dict:
     return sets
 
 
-def _read_cpu(reader: Reader, cpu: int, online: bool, node_of: dict) -> Cpu:
-    topo = reader.sys(*CPU_DIR, f"cpu{cpu}", "topology")
+def _read_cpu(reader: Reader, cpu_dir: str, cpu: int, online: bool, node_of: dict) -> Cpu:
+    topo = f"{cpu_dir}/cpu{cpu}/topology"
     if not online or not reader.exists(topo):
         return Cpu(cpu, online, node_of.get(cpu), None, None, None, ())
     die = reader.integer(f"{topo}/die_id", optional=True)
@@ -345,7 +348,8 @@ def read_topology(reader: Reader) -> Topology:
     node_of = {cpu: node.id for node in nodes for cpu in node.cpus}
     online = set(sets["online"])
     all_cpus = sorted(set(cpu_ids) | set(sets["possible"] if not cpu_ids else []))
-    per_cpu = tuple(_read_cpu(reader, cpu, cpu in online, node_of) for cpu in all_cpus)
+    cpu_dir = reader.sys(*CPU_DIR)
+    per_cpu = tuple(_read_cpu(reader, cpu_dir, cpu, cpu in online, node_of) for cpu in all_cpus)
     size = meminfo.get("Hugepagesize")
     return Topology(
         numa_enabled=numa_enabled,
@@ -365,19 +369,30 @@ def read_topology(reader: Reader) -> Topology:
 
 def as_facts(topology: Topology) -> dict:
     """JSON-ready dict of a Topology (the non-PCI part of ansible_facts.numa)."""
-    data = asdict(topology)
-    data["node_ids"] = list(topology.node_ids)
-    data["nodes"] = [_plain(asdict(node)) for node in topology.nodes]
-    data["per_cpu"] = [_plain(asdict(cpu)) for cpu in topology.per_cpu]
-    data["packages"] = [dict(p) for p in topology.packages]
-    data["hugepages"] = [asdict(pool) for pool in topology.hugepages]
-    data["consistency"] = [dict(item) for item in topology.consistency]
-    return _plain(data)
+    return as_plain(topology)
 
 
-def _plain(value):
-    if isinstance(value, dict):
-        return {key: _plain(item) for key, item in value.items()}
+def as_plain(value):
+    """JSON-ready copy of ``value``: dataclasses become dicts in field order, tuples lists.
+
+    The result equals that of dataclasses.asdict() with every tuple turned into a list, without
+    asdict()'s deep copy of each leaf (ints, strings and None need none).
+    """
+    kind = type(value)
+    if kind in _LEAVES:
+        return value
+    if kind is tuple or kind is list:
+        return [item if type(item) in _LEAVES else as_plain(item) for item in value]
+    if kind is dict:
+        return {
+            key: item if type(item) in _LEAVES else as_plain(item) for key, item in value.items()
+        }
+    if is_dataclass(value) and not isinstance(value, type):
+        return {item.name: as_plain(getattr(value, item.name)) for item in fields(value)}
+    if isinstance(value, (str, int, float)):
+        return value
     if isinstance(value, (list, tuple)):
-        return [_plain(item) for item in value]
-    return value
+        return [as_plain(item) for item in value]
+    if isinstance(value, dict):
+        return {key: as_plain(item) for key, item in value.items()}
+    return copy.deepcopy(value)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import inspect
 import json
 import os
 import re
@@ -932,3 +934,121 @@ def test_snapshot_replaces_nvml_entirely(tmp_path):
     )
     assert nvml.calls == []
     assert state.snapshot_path == str(path) and state.label == "snapshot"
+
+
+# ---------------------------------------------------------------------------------------------
+# One gathering (gpu_topology_facts and numa_facts gpu=true), and the NVML import it skips
+
+
+def test_nvml_library_name_and_reason_are_those_of_pynvml():
+    """The shortcut must say what pynvml's own nvmlInit says when libnvidia-ml cannot load."""
+    source = inspect.getsource(pynvml._LoadNvmlLibrary)
+    assert f'CDLL("{gpu.NVML_LIBRARY}")' in source
+    assert "NVML_ERROR_LIBRARY_NOT_FOUND" in source
+    error = pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+    assert f"nvmlInit failed: {error}" == gpu.NVML_LIBRARY_MISSING
+
+
+def test_nvml_library_probe():
+    def missing(name):
+        raise OSError(f"{name}: cannot open shared object file")
+
+    assert gpu.read_nvml_library(missing) is False
+    assert gpu.read_nvml_library(lambda name: object()) is True
+    try:
+        ctypes.CDLL(gpu.NVML_LIBRARY)
+    except OSError:
+        loads = False
+    else:
+        loads = True
+    assert gpu.read_nvml_library() is loads
+
+
+def test_without_the_library_pynvml_is_not_imported_and_the_reason_is_nvmlinit_s(monkeypatch):
+    monkeypatch.delitem(sys.modules, "pynvml")
+    calls = []
+
+    def load():
+        calls.append("import")
+        return pynvml, None
+
+    got = gpu.load_nvml_if_usable(load, library_loads=lambda: False)
+    if sys.platform.startswith("linux"):
+        assert got == (None, gpu.NVML_LIBRARY_MISSING) and calls == []
+    # Where the library loads, or pynvml is already imported, the import decides as before.
+    assert gpu.load_nvml_if_usable(load, library_loads=lambda: True) == (pynvml, None)
+    monkeypatch.setitem(sys.modules, "pynvml", pynvml)
+    assert gpu.load_nvml_if_usable(load, library_loads=lambda: False) == (pynvml, None)
+
+
+def test_a_missing_pynvml_is_reported_by_the_import_itself(monkeypatch):
+    monkeypatch.delitem(sys.modules, "pynvml")
+    monkeypatch.setattr(sys, "path", [])  # nothing can be found: find_spec says so
+    reason = "nvidia-ml-py (import pynvml) is not installed"
+    got = gpu.load_nvml_if_usable(lambda: (None, reason), library_loads=lambda: False)
+    assert got == (None, reason)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="pynvml loads nvml.dll there")
+def test_the_shortcut_gives_the_state_read_nvml_gives(monkeypatch):
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        pass
+    else:
+        pynvml.nvmlShutdown()
+        pytest.skip("NVML answers here: this is a GPU host")
+    real = gpu.read_gpu_state(pynvml, None, None, "never")
+    monkeypatch.delitem(sys.modules, "pynvml")
+    nvml, reason = gpu.load_nvml_if_usable(lambda: pytest.fail("pynvml was imported"))
+    assert gpu.read_gpu_state(nvml, reason, None, "never") == real
+
+
+def test_gather_runs_nvidia_smi_with_argv_under_timeout_and_loads_no_nvml_with_a_snapshot(
+    tmp_path,
+):
+    root = trees.materialize("synthetic-8xh100-2s", tmp_path / "h100")
+    ran, loaded = [], []
+
+    def runner(argv):
+        ran.append(argv)
+        return 0, recorded_xml(), ""
+
+    def which(name):
+        return {"nvidia-smi": "/usr/bin/nvidia-smi", "timeout": "/usr/bin/timeout"}.get(name)
+
+    def load():
+        loaded.append(True)
+        return None, "not installed"
+
+    facts, written = gpu.gather_gpu_topology(
+        Reader(f"{root}/sys", f"{root}/proc"), runner, which, load, nvidia_smi_timeout=7
+    )
+    assert written is False and facts["nvidia_smi"]["used"] is True
+    assert ran == [["/usr/bin/timeout", "--kill-after=5", "7", "/usr/bin/nvidia-smi", "-q", "-x"]]
+    out = tmp_path / "snap.json"
+    facts, written = gpu.gather_gpu_topology(
+        Reader(f"{root}/sys", f"{root}/proc"),
+        runner,
+        which,
+        load,
+        snapshot=str(SNAPSHOTS / "synthetic-8xh100-2s.json"),
+        snapshot_out=str(out),
+    )
+    assert written is True and loaded == [True] and len(ran) == 1
+    assert facts["snapshot"]["path"] == str(SNAPSHOTS / "synthetic-8xh100-2s.json")
+    assert gpu.read_snapshot(str(out)).gpus == gpu.read_snapshot(facts["snapshot"]["path"]).gpus
+    facts, written = gpu.gather_gpu_topology(
+        Reader(f"{root}/sys", f"{root}/proc"),
+        runner,
+        which,
+        load,
+        snapshot=str(out),
+        snapshot_out=str(tmp_path / "not-in-check-mode.json"),
+        check_mode=True,
+    )
+    assert written is False and not (tmp_path / "not-in-check-mode.json").exists()
+
+
+def recorded_xml() -> str:
+    return H100_XML.read_text(encoding="utf-8")

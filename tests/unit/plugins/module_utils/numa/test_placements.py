@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import re
+from fractions import Fraction
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import (
     NumaTuneError,
@@ -70,6 +75,48 @@ def test_sizes_become_kib(text, kb):
 )
 def test_things_that_are_not_sizes(text):
     assert parse_size_kb(text) is None
+
+
+# The size grammar alone, without the quick path parse_size_kb takes for "64G" and "512M".
+_GRAMMAR = re.compile(r"^([0-9]+(?:\.[0-9]+)?)\s*(?:([kmgt])(i?))?(b?)$", re.IGNORECASE)
+
+
+def _size_by_grammar(text: str):
+    match = _GRAMMAR.match(text.strip())
+    if not match:
+        return None
+    number, prefix, binary, dummy = match.groups()
+    if binary and not prefix:
+        return None
+    amount = (
+        Fraction(number)
+        * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[(prefix or "").lower()]
+    )
+    return -(-amount.numerator // (amount.denominator * 1024))
+
+
+@pytest.mark.parametrize(
+    ("text", "kb"),
+    [
+        ("2\u212a", 2),  # KELVIN SIGN: the grammar's [k] matches it ignoring case
+        ("\uff12G", None),  # a fullwidth digit is a digit to str.isdigit, not to the grammar
+        ("\u0663G", None),  # so is an Arabic-Indic one
+        ("+2G", None),
+        ("-2G", None),
+        ("007M", 7 << 10),
+        (" 2G\n", 2 << 20),
+        ("2 G", 2 << 20),
+        ("G", None),
+        ("9" * 30 + "T", int("9" * 30) << 30),
+    ],
+)
+def test_quick_sizes_agree_with_the_grammar(text, kb):
+    assert parse_size_kb(text) == kb == _size_by_grammar(text)
+
+
+@given(st.text(alphabet="0123456789.kKmMgGtTiIbB \t\u212a\uff12\u0663+-", max_size=8))
+def test_every_size_text_reads_as_the_grammar_says(text):
+    assert parse_size_kb(text) == _size_by_grammar(text)
 
 
 @pytest.mark.parametrize(

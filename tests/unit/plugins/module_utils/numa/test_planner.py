@@ -1287,6 +1287,52 @@ def test_a_count_that_gets_a_pinned_cpus_sibling_warns():
     assert result["warnings"] == [f"placement b: {b['warnings'][0]}"]
 
 
+def _siblings(numa: dict, **lists) -> dict:
+    """numa with the siblings of some CPUs replaced: _siblings(numa, cpu0=None, cpu2=[])."""
+    for entry in numa["per_cpu"]:
+        key = f"cpu{entry['id']}"
+        if key in lists:
+            entry["siblings"] = lists[key]
+    return numa
+
+
+@pytest.mark.parametrize(
+    ("numa", "reserved", "cpus", "planned"),
+    [
+        # Facts without siblings for a CPU (None or []): every CPU without them is a core alone.
+        (
+            _siblings(synthetic(), cpu0=None, cpu5=None, cpu2=[], cpu7=[]),
+            "",
+            [2, 2, 1, 1],
+            [[0, 1, 3], [4, 6], [2], [5]],
+        ),
+        # Sibling lists that disagree (0: 0+1, 1: 1+2): one CPU per group, lowest first.
+        (_siblings(synthetic(), cpu0=[0, 1], cpu1=[1, 2]), "", [1, 2, 1], [[4, 6], [5, 7], [0, 1]]),
+        # A sibling on another node (1: 1+5) is left out of the group on node 0.
+        (_siblings(synthetic(), cpu1=[1, 5]), "", [1, 2, 2], [[4, 6], [5, 7], [0, 2]]),
+        # A reserved or isolated CPU leaves its sibling a core of one CPU, taken last.
+        (synthetic(), "0", [1, 2, 1], [[1, 3], [4, 6], [2]]),
+        (synthetic(isolated=(2,)), "", [1, 2, 1], [[0], [1, 3], [4, 6]]),
+        (synthetic(offline=(7,)), "4-5", [1], [[6]]),
+    ],
+)
+def test_cores_from_irregular_sibling_facts(numa, reserved, cpus, planned):
+    placements = [p(f"c{i}", cpus=count) for i, count in enumerate(cpus)]
+    policy = {"reserved_cpus": reserved, "memory_headroom_pct": 15}
+    result = plan_host("h", numa, None, placements, [], policy)
+    assert [entry["cpus"] for entry in result["placements"]] == planned
+
+
+def test_reserved_cpus_and_offline_ones_may_not_leave_a_node_without_cpus():
+    numa = synthetic(offline=(7,))
+    with pytest.raises(PlacementError) as err:
+        plan_host("h", numa, None, [p("a", cpus=1)], [], {"reserved_cpus": "4-6"})
+    assert str(err.value) == (
+        "host h: numafleet_reserved_cpus covers every online CPU of node 1 (4-6); leave at least "
+        "one core of each node for placements"
+    )
+
+
 def test_multi_gpu_requests_prefer_one_pcie_switch_over_node_fragmentation(machine_facts):
     singles = [
         p(f"s{i}", gpus=[a], cpus=2) for i, a in enumerate(["18:00.0", "3a:00.0", "9a:00.0"])
