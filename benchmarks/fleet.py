@@ -9,15 +9,15 @@ and GPU snapshot and the demo host's own host_vars. For every fleet size, in one
 
 1. a one-task ``ansible.builtin.ping`` play on the same hosts (Ansible's own floor: one module
    execution per host), before and after the others (the mean of the two is the reference);
-2. ``site.yml`` on fresh scratch trees (first run: everything is written), then again (second
-   run: nothing changes);
-3. for the largest size only: the second run again with the jsonfile fact cache the first run
-   filled (README, "Large fleets"), then ``verify.yml`` and ``drift_check.yml``.
+2. ``site.yml`` on fresh scratch trees (first run: everything is written);
+3. for one size (--full-at, default the smallest): the second run (nothing changes), without and
+   with the jsonfile fact cache the first run filled (README, "Large fleets"), then
+   ``verify.yml`` and ``drift_check.yml``.
 
 Each run counts module executions per host with benchmarks/callback_plugins/module_count.py.
 Targets (issue 9): site.yml <= 4 x ping, second run <= 3 x ping, drift_check <= site.yml.
-The placements sweep runs site.yml (first run) on 50 hosts of the five largest machines with 1, 8 and
-32 generated CPU placements each, to show how cost grows with placements.
+The placements sweep runs site.yml (first run) on 20 hosts of the five largest machines with 1, 8
+and 32 generated CPU placements each, to show how cost grows with placements.
 """
 
 from __future__ import annotations
@@ -183,7 +183,7 @@ def _by_module(hosts: dict) -> dict:
 
 
 def bench_size(template: Path, work: Path, size: int, forks: int, full: bool) -> dict:
-    """Ping, site.yml twice, ping; with ``full`` also the cached second run, verify and drift."""
+    """Ping, site.yml (first run), ping; with ``full`` also the second runs, verify and drift."""
     bases = sorted(trees.DEMO_HOSTS)
     fleet = Fleet(work, template, size, bases)
     ping = work / "ping.yml"
@@ -191,8 +191,8 @@ def bench_size(template: Path, work: Path, size: int, forks: int, full: bool) ->
     cache = work / "fact-cache" if full else None
     runs = [run_playbook(fleet, ping, "ping-before", forks)]
     runs.append(run_playbook(fleet, ROOT / "site.yml", "site-first", forks, fact_cache=cache))
-    runs.append(run_playbook(fleet, ROOT / "site.yml", "site-second", forks))
     if full:
+        runs.append(run_playbook(fleet, ROOT / "site.yml", "site-second", forks))
         runs.append(run_playbook(fleet, ROOT / "site.yml", "site-second-cached", forks, cache))
         runs.append(run_playbook(fleet, ROOT / "playbooks" / "verify.yml", "verify", forks))
         drift = ROOT / "playbooks" / "drift_check.yml"
@@ -281,7 +281,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--hosts", default="50,100,200", help="fleet sizes, comma separated")
     parser.add_argument("--placements", default="1,8,32", help="placements sweep ('' for none)")
-    parser.add_argument("--placements-hosts", type=int, default=50)
+    parser.add_argument("--placements-hosts", type=int, default=20)
+    parser.add_argument(
+        "--full-at", type=int, help="fleet size that also gets the cached, verify and drift runs"
+    )
     parser.add_argument("--forks", type=int, default=5)
     parser.add_argument("--work", help="scratch directory (default: a temporary one)")
     parser.add_argument("--out", default=str(RESULTS / "fleet"), help="results path without suffix")
@@ -294,7 +297,7 @@ def main() -> int:
     result = {"machine": machine_info(), "forks": args.forks, "sizes": [], "placements": []}
     for size in sizes:
         print(f"fleet: {size} hosts", flush=True)
-        full = size == max(sizes)
+        full = size == (args.full_at or min(sizes))
         work = scratch / f"fleet-{size}"
         result["sizes"].append(bench_size(template, work, size, args.forks, full))
     for count in counts:
