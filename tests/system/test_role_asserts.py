@@ -62,12 +62,9 @@ CASES = {
 }
 
 
-def test_role_checks(tmp_path, ansible_ready):
-    inventory = tmp_path / "inventory.yml"
-    hosts = {}
-    for host, case in CASES.items():
-        hosts[host] = {f"case_{key}": value for key, value in case[0].items()}
-    inventory.write_text(
+def _write_local_inventory(path, hosts: dict) -> None:
+    """An inventory of local-connection ``hosts`` ({name: host vars}) at ``path``."""
+    path.write_text(
         yaml.safe_dump(
             {
                 "all": {
@@ -80,6 +77,14 @@ def test_role_checks(tmp_path, ansible_ready):
             }
         )
     )
+
+
+def test_role_checks(tmp_path, ansible_ready):
+    inventory = tmp_path / "inventory.yml"
+    hosts = {}
+    for host, case in CASES.items():
+        hosts[host] = {f"case_{key}": value for key, value in case[0].items()}
+    _write_local_inventory(inventory, hosts)
     playbook = tmp_path / "role.yml"
     playbook.write_text(
         yaml.safe_dump(
@@ -166,19 +171,7 @@ def test_hugepages_entry_checks(tmp_path, ansible_ready):
         }
         hosts[host] = {"case_vars": case_vars}
     inventory = tmp_path / "inventory.yml"
-    inventory.write_text(
-        yaml.safe_dump(
-            {
-                "all": {
-                    "vars": {
-                        "ansible_connection": "local",
-                        "ansible_python_interpreter": "{{ ansible_playbook_python }}",
-                    },
-                    "hosts": hosts,
-                }
-            }
-        )
-    )
+    _write_local_inventory(inventory, hosts)
     playbook = tmp_path / "role.yml"
     playbook.write_text(
         yaml.safe_dump(
