@@ -12,9 +12,11 @@ and GPU snapshot and the demo host's own host_vars. For every fleet size, in one
 2. ``site.yml`` on fresh scratch trees (first run: everything is written);
 3. for one size (--full-at, default the smallest): the second run (nothing changes), without and
    with the jsonfile fact cache the first run filled (README, "Large fleets"), then
-   ``verify.yml`` and ``drift_check.yml``.
+   ``verify.yml`` and ``drift_check.yml``, and a play of four ping tasks: the floor of four module
+   executions per host, which the 4 x target is about.
 
-Each run counts module executions per host with benchmarks/callback_plugins/module_count.py.
+Each run counts module executions and host-tasks (task results, skipped ones included) per host
+with benchmarks/callback_plugins/module_count.py.
 Targets (issue 9): site.yml <= 4 x ping, second run <= 3 x ping, drift_check <= site.yml.
 The placements sweep runs site.yml (first run) on 20 hosts of the five largest machines with 1, 8
 and 32 generated CPU placements each, to show how cost grows with placements.
@@ -55,6 +57,21 @@ PING_PLAY = """\
   gather_facts: false
   tasks:
     - name: Ping
+      ansible.builtin.ping:
+"""
+
+PING4_PLAY = """\
+- name: Four module executions per host, nothing else
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Ping 1
+      ansible.builtin.ping:
+    - name: Ping 2
+      ansible.builtin.ping:
+    - name: Ping 3
+      ansible.builtin.ping:
+    - name: Ping 4
       ansible.builtin.ping:
 """
 
@@ -158,6 +175,7 @@ def run_playbook(fleet: Fleet, playbook: Path, label: str, forks: int, fact_cach
     wall = time.monotonic() - started
     data = json.loads(counts.read_text()) if counts.exists() else {"per_host": {}, "hosts": {}}
     per_host = data["per_host"]
+    tasks = data.get("tasks_per_host", {})
     by_base = {}
     for host, total in per_host.items():
         by_base.setdefault(fleet.hosts.get(host, host), set()).add(total)
@@ -169,6 +187,7 @@ def run_playbook(fleet: Fleet, playbook: Path, label: str, forks: int, fact_cach
         "modules_total": sum(per_host.values()),
         "modules_per_host_mean": round(statistics.mean(per_host.values()), 2) if per_host else 0,
         "modules_per_host_max": max(per_host.values(), default=0),
+        "tasks_per_host_mean": round(statistics.mean(tasks.values()), 1) if tasks else 0,
         "modules_by_demo_host": {b: sorted(v) for b, v in sorted(by_base.items())},
         "modules_by_name": _by_module(data["hosts"]),
     }
@@ -197,6 +216,9 @@ def bench_size(template: Path, work: Path, size: int, forks: int, full: bool) ->
         runs.append(run_playbook(fleet, ROOT / "playbooks" / "verify.yml", "verify", forks))
         drift = ROOT / "playbooks" / "drift_check.yml"
         runs.append(run_playbook(fleet, drift, "drift_check", forks))
+        ping4 = work / "ping4.yml"
+        ping4.write_text(PING4_PLAY)
+        runs.append(run_playbook(fleet, ping4, "ping-x4", forks))
     runs.append(run_playbook(fleet, ping, "ping-after", forks))
     return summarise(size, None, runs)
 
@@ -247,6 +269,8 @@ def write_markdown(path: Path, result: dict) -> None:
         "on the same hosts before and after (Ansible's floor: one module execution per host).",
         "`modules/host` counts module executions (AnsiballZ runs) per host with",
         "benchmarks/callback_plugins/module_count.py; controller-only tasks are not counted.",
+        "`tasks/host` counts host-tasks (every task result of a host, skipped ones included).",
+        "`ping-x4` is a play of four ping tasks: four module executions per host and nothing else.",
         "",
     ]
     for entry in result["sizes"] + result["placements"]:
@@ -258,8 +282,8 @@ def write_markdown(path: Path, result: dict) -> None:
         lines += [
             title,
             "",
-            "| run | rc | seconds | x ping | modules/host mean | max | per demo host |",
-            "|---|---|---|---|---|---|---|",
+            "| run | rc | seconds | x ping | modules/host mean | max | tasks/host | per demo host |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for run in entry["runs"]:
             per = ", ".join(
@@ -267,7 +291,8 @@ def write_markdown(path: Path, result: dict) -> None:
             )
             lines.append(
                 f"| {run['label']} | {run['rc']} | {run['seconds']} | {run['x_ping']} | "
-                f"{run['modules_per_host_mean']} | {run['modules_per_host_max']} | {per} |"
+                f"{run['modules_per_host_mean']} | {run['modules_per_host_max']} | "
+                f"{run.get('tasks_per_host_mean', '')} | {per} |"
             )
         lines.append("")
         for name, check in entry["checks"].items():

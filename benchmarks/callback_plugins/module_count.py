@@ -8,7 +8,9 @@ sent and run on the host (or locally with ``ansible_connection: local``). Contro
 runs two modules counts two. Each worker process appends one JSON line per execution to
 ``$NUMAFLEET_MODULE_LOG`` (O_APPEND, one write per line); at the end of the run the callback folds
 the log into ``$NUMAFLEET_MODULE_COUNTS``:
-``{"hosts": {host: {module: count}}, "per_host": {host: total}, "total": N}``.
+``{"hosts": {host: {module: count}}, "per_host": {host: total}, "total": N,
+"tasks_per_host": {host: count}}``; a host-task is any task result for the host (ok, changed,
+failed, skipped), the unit of Ansible's per-task cost on the controller and in its workers.
 """
 
 from __future__ import annotations
@@ -62,8 +64,14 @@ class CallbackModule(CallbackBase):
 
     def __init__(self):
         super().__init__()
+        self._tasks = collections.Counter()
         # Patched here, in the controller process, before the workers fork.
         ActionBase._execute_module = _counted
+
+    def _count(self, result, *args, **kwargs):
+        self._tasks[result._host.get_name()] += 1
+
+    v2_runner_on_ok = v2_runner_on_failed = v2_runner_on_skipped = _count
 
     def v2_playbook_on_stats(self, stats):
         log = os.environ.get("NUMAFLEET_MODULE_LOG")
@@ -82,6 +90,7 @@ class CallbackModule(CallbackBase):
             "hosts": {h: dict(sorted(c.items())) for h, c in sorted(hosts.items())},
             "per_host": {h: sum(c.values()) for h, c in sorted(hosts.items())},
             "total": sum(sum(c.values()) for c in hosts.values()),
+            "tasks_per_host": {h: self._tasks[h] for h in sorted(hosts)},
         }
         with open(out, "w", encoding="utf-8") as handle:
             json.dump(result, handle, indent=1, sort_keys=True)

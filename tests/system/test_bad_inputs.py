@@ -19,7 +19,11 @@ from system_helpers import REPO, ansible_playbook, tree_digest
 CASES_DIR = REPO / "tests" / "bad_inputs"
 CASES = sorted(CASES_DIR.glob("*.yml"))
 PLAN_TASK = "Plan placements"
-VARS_TASK = "Check the GPU variables"
+# The roles' argument specs (a failure there is reported again, with the host variables' names, by
+# the rescue task) and the roles' own input checks: playbooks/tasks/check_inputs.yml.
+SPEC_TASK = "Check the host variables against the roles' argument specs"
+SPEC_REPORT_TASK = "Report the host variables that do not fit"
+INPUTS_TASK = "Check the role inputs"
 GATE_TASK = "Stop before changing any host when a plan failed"
 HOST_PREFIX = "bad-"
 # A host with valid (empty) placements in the same run: the gate after the plan must stop it too,
@@ -148,9 +152,15 @@ def test_case_fails_at_the_plan_with_its_message(bad_run, path):
     host = _load(path)["host"]
     case = bad_run["cases"][host]
     run = bad_run["run"]
-    # The GPU variables are checked just before the plan; everything else fails at the plan.
-    (result,) = [r for r in run.results(host) if r["status"] == "failed"]
-    assert result["task"] in (VARS_TASK, PLAN_TASK), result
+    # Every input fails at the plan or at the roles' input checks just after it, before the gate.
+    failed = [r for r in run.results(host) if r["status"] == "failed"]
+    result = failed[-1]
+    assert result["task"] in (PLAN_TASK, SPEC_REPORT_TASK, INPUTS_TASK), result
+    if result["task"] == SPEC_REPORT_TASK:
+        # The spec check's own failure is rescued and reported once more with the host variables.
+        assert [r["task"] for r in failed] == [SPEC_TASK, SPEC_REPORT_TASK], failed
+    else:
+        assert len(failed) == 1, failed
     msg = result["msg"]
     assert msg.startswith(f"host {host}: "), msg
     for fragment in case["expect"]:
@@ -171,7 +181,8 @@ def test_messages_are_distinct(bad_run):
     run = bad_run["run"]
     messages = {}
     for host in bad_run["cases"]:
-        (failed,) = [r for r in run.results(host) if r["status"] == "failed"]
+        # The last failure is the one reported (a rescued spec check is reported again).
+        failed = [r for r in run.results(host) if r["status"] == "failed"][-1]
         text = failed["msg"].split(": ", 1)[1]
         messages.setdefault(text, []).append(host)
     assert all(len(hosts) == 1 for hosts in messages.values()), messages
