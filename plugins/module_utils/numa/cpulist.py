@@ -36,7 +36,16 @@ def parse_cpulist(text: str) -> list[int]:
     body = _clean(text)
     if body in ("", "(null)"):
         return []
-    cpus: set[int] = set()
+    if body.isascii() and body.replace(",", "").isdigit():  # "0,112": single CPUs only
+        single = [int(token) for token in body.split(",") if token]
+        # Taken as it is when no item is empty, too large or out of order; else the full way.
+        if len(single) == body.count(",") + 1 and single[-1] < MAX_CPUS:
+            if all(low < high for low, high in zip(single, single[1:])):
+                return single
+    # Kernels write ascending, disjoint items: then the CPUs are in order as they come, and
+    # only lists that are not need sorting and de-duplicating.
+    cpus: list[int] = []
+    ordered, top = True, -1
     for item in body.split(","):
         item = item.strip()
         if not item:
@@ -47,17 +56,21 @@ def parse_cpulist(text: str) -> list[int]:
         last = _int(last_s.strip(), text) if dash else first
         if last < first:
             raise CpulistError(text, f"range {span!r} runs backwards")
-        used, group = 1, 1
-        if sep:
-            used_s, slash, group_s = stride.partition("/")
-            if not slash:
-                raise CpulistError(text, f"stride {stride!r} must be used/group, as in 0-15:2/4")
-            used, group = _int(used_s, text), _int(group_s, text)
-            if used == 0 or group == 0 or used > group:
-                raise CpulistError(text, f"stride {stride!r} needs 0 < used <= group")
+        if first <= top:
+            ordered = False
+        top = last
+        if not sep:
+            cpus.extend(range(first, last + 1))
+            continue
+        used_s, slash, group_s = stride.partition("/")
+        if not slash:
+            raise CpulistError(text, f"stride {stride!r} must be used/group, as in 0-15:2/4")
+        used, group = _int(used_s, text), _int(group_s, text)
+        if used == 0 or group == 0 or used > group:
+            raise CpulistError(text, f"stride {stride!r} needs 0 < used <= group")
         for base in range(first, last + 1, group):
-            cpus.update(range(base, min(base + used, last + 1)))
-    return sorted(cpus)
+            cpus.extend(range(base, min(base + used, last + 1)))
+    return cpus if ordered else sorted(set(cpus))
 
 
 def format_cpulist(cpus) -> str:

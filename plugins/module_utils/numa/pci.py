@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
+from .cpulist import parse_cpulist, parse_cpumask
 from .sysfs import Reader
-from .topology import as_plain
+from .topology import as_plain, frozen_builder
 
 PCI_DIR = ("bus", "pci", "devices")
 # PCI addresses: domain (16 bits usually, 32 bits on VMD/Hyper-V hosts), bus, device, function.
@@ -49,6 +50,9 @@ class PciDevice:
     switch: Optional[str]
 
 
+_device = frozen_builder(PciDevice)
+
+
 def parse_address(text: str) -> tuple:
     """(domain, bus, device, function) of a PCI address like 0000:17:00.0; raises ValueError."""
     match = _ADDRESS_RE.match(text.strip())
@@ -81,12 +85,30 @@ def infer_node(numa_node: Optional[int], local_cpus, node_cpus: dict) -> tuple:
     return None, None
 
 
-def _upstream(reader: Reader, link: str, address: str) -> tuple:
-    """(host bridge, upstream PCI addresses from the root down, excluding the device itself)."""
+def _upstream(reader: Reader, link: str, address: str, above: Optional[dict] = None) -> tuple:
+    """(host bridge, upstream PCI addresses from the root down, excluding the device itself).
+
+    ``above`` (a dict the caller keeps for one listing) remembers what each parent directory
+    gave: devices behind one bridge share everything but their own name.
+    """
     real = reader.realpath(link)
-    parts = real.split(os.sep)
-    host_bridge = next((p for p in parts if p.startswith("pci") and ":" in p), None)
-    chain = [part.lower() for part in parts if _ADDRESS_RE.match(part)]
+    parent, sep, name = real.rpartition(os.sep)
+    if above is None or not sep or not parent:
+        parts = real.split(os.sep)
+        host_bridge = next((p for p in parts if p.startswith("pci") and ":" in p), None)
+        chain = [part.lower() for part in parts if _ADDRESS_RE.match(part)]
+    else:
+        known = above.get(parent)
+        if known is None:
+            parts = parent.split(os.sep)
+            known = above[parent] = (
+                next((p for p in parts if p.startswith("pci") and ":" in p), None),
+                [part.lower() for part in parts if _ADDRESS_RE.match(part)],
+            )
+        host_bridge, chain = known
+        if host_bridge is None and name.startswith("pci") and ":" in name:
+            host_bridge = name
+        chain = chain + [name.lower()] if _ADDRESS_RE.match(name) else list(chain)
     if chain and chain[-1] == address:
         chain.pop()
     return host_bridge, tuple(chain), os.path.dirname(real)
@@ -99,27 +121,40 @@ def _class_above(reader: Reader, real_parent: str) -> Optional[str]:
 
 
 def _read_device(
-    reader: Reader, base: str, address: str, parsed: tuple, node_cpus: dict
+    reader: Reader,
+    base: str,
+    address: str,
+    parsed: tuple,
+    node_cpus: dict,
+    above: Optional[dict] = None,
 ) -> PciDevice:
     link = f"{base}/{address}"
+    host_bridge, chain, real_parent = _upstream(reader, link, address, above)
+    # The files are opened through the resolved directory (the same files, without the kernel
+    # following the link for each one) and recorded under the link.
+    real = reader.resolved(link)
+    here = None if real is None else f"{real}/"
     # Every kernel writes class and vendor: without them a device cannot be classified.
-    class_code = reader.text(f"{link}/class")
-    vendor_id = reader.text(f"{link}/vendor")
-    device_id = reader.text(f"{link}/device", optional=True)
-    raw_node = reader.integer(f"{link}/numa_node", optional=True)
+    class_code = reader.text(f"{link}/class", False, here and f"{here}class")
+    vendor_id = reader.text(f"{link}/vendor", False, here and f"{here}vendor")
+    device_id = reader.text(f"{link}/device", True, here and f"{here}device")
+    raw_node = reader.integer(f"{link}/numa_node", True, here and f"{here}numa_node")
     numa_node = raw_node if raw_node is not None and raw_node >= 0 else None
-    local = reader.cpulist(f"{link}/local_cpulist", optional=True)
+    local = reader.cpuset(
+        f"{link}/local_cpulist", parse_cpulist, True, here and f"{here}local_cpulist"
+    )
     if local is None:
-        local = reader.cpumask(f"{link}/local_cpus", optional=True)
+        local = reader.cpuset(
+            f"{link}/local_cpus", parse_cpumask, True, here and f"{here}local_cpus"
+        )
     node, source = infer_node(numa_node, local, node_cpus)
-    host_bridge, chain, real_parent = _upstream(reader, link, address)
     # The switch above a device is the upstream port whose downstream port leads to it:
     # chain = [root port, switch upstream, switch downstream, ...]. Only bridges count.
     switch = None
     if len(chain) >= 3 and _class_above(reader, real_parent) == _BRIDGE_CLASS:
         switch = chain[-2]
     domain, bus = parsed[:2]
-    return PciDevice(
+    return _device(
         address=address,
         domain=domain,
         bus=bus,
@@ -128,7 +163,7 @@ def _read_device(
         vendor_id=vendor_id,
         device_id=device_id,
         numa_node=numa_node,
-        local_cpus=tuple(local) if local is not None else None,
+        local_cpus=local,
         node=node,
         node_source=source,
         host_bridge=host_bridge,
@@ -138,23 +173,44 @@ def _read_device(
     )
 
 
-def read_pci_devices(reader: Reader, node_cpus: dict) -> list:
-    """Every PCI function under <sysfs_root>/bus/pci/devices, sorted by address.
+def _read_all(reader: Reader, base: str) -> tuple:
+    """(parsed address, device) of every PCI function under ``base``, by address.
 
-    ``node_cpus`` maps node id -> CPUs and is used to infer an unknown node from local CPUs.
-    Entries whose name is not a PCI address become warnings.
+    The devices' ``node`` is left to _with_node: it depends on the caller's ``node_cpus``.
     """
-    base = reader.sys(*PCI_DIR)
     devices = []
+    above: dict = {}
     for name in reader.listdir(base, optional=True):
         try:
             parsed = parse_address(name)
         except ValueError as exc:
             reader.warn(f"{base}/{name}", str(exc))
             continue
-        devices.append((parsed, _read_device(reader, base, name.lower(), parsed, node_cpus)))
+        devices.append((parsed, _read_device(reader, base, name.lower(), parsed, {}, above)))
     devices.sort(key=lambda pair: pair[0])
-    return [device for dummy, device in devices]
+    return tuple(device for dummy, device in devices)
+
+
+def _with_node(device: PciDevice, node_cpus: dict) -> PciDevice:
+    """``device`` with the node infer_node gives for ``node_cpus``."""
+    if device.numa_node is not None:  # infer_node takes it as it is
+        return device
+    node, source = infer_node(None, device.local_cpus, node_cpus)
+    if node is None:
+        return device
+    return replace(device, node=node, node_source=source)
+
+
+def read_pci_devices(reader: Reader, node_cpus: dict) -> list:
+    """Every PCI function under <sysfs_root>/bus/pci/devices, sorted by address.
+
+    ``node_cpus`` maps node id -> CPUs and is used to infer an unknown node from local CPUs.
+    Entries whose name is not a PCI address become warnings. A reader made with ``remember``
+    reads the devices once for itself and its siblings (Reader.once).
+    """
+    base = reader.sys(*PCI_DIR)
+    found = reader.once(("pci_devices", base), lambda: _read_all(reader, base))
+    return [_with_node(device, node_cpus) for device in found]
 
 
 def placement_devices(devices: list) -> list:

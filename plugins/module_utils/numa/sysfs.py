@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from typing import Callable, Optional, TypeVar
@@ -18,12 +19,19 @@ READ_LIMIT = 1 << 20
 # One os.read asks for this much: a read buffer of READ_LIMIT for every small file cost more
 # than the rest of the read.
 _CHUNK = 1 << 16
-# What a file gave: (_OK, text), (_MISSING, None) or (_BAD, reason).
+# What a file or listing gave: (_OK, value), (_MISSING, None) or (_BAD, reason); a file that
+# read is given as its text alone (a str: no tuple to allocate and keep for each file read).
 _OK, _MISSING, _BAD = 0, 1, 2
+_GONE = (_MISSING, None)
+_NOT_REGULAR = (_BAD, "not a regular file")
+# st_mode & _FILE_TYPE == _REGULAR is stat.S_ISREG(st_mode), without the call.
+_FILE_TYPE, _REGULAR, _LINK = 0o170000, stat.S_IFREG, stat.S_IFLNK
 
 
 def parse_int(text: str) -> int:
     """Decimal ("-1", "08") or 0x-prefixed hex integer text; raises ValueError."""
+    if text.isdigit() and text.isascii():  # the common case: plain decimal digits
+        return int(text)
     body = text.strip()
     if body.lower().startswith("0x"):
         return int(body[2:], 16)
@@ -45,8 +53,12 @@ class Reader:
         self.procfs_root = os.path.abspath(procfs_root) if procfs_root else ""
         self.warnings: list[dict] = []
         self.accessed: set[str] = set()
-        # With ``remember``: what each file, listing and link gave, for sibling readers.
+        # With ``remember``: what each file, listing and link gave, for sibling readers; the
+        # files' outcomes by path in ``_texts`` (the most asked), the rest by (kind, path).
         self._share: Optional[dict] = {} if remember else None
+        self._texts: Optional[dict] = {} if remember else None
+        # Without ``remember``: outcomes exists_given() read ahead, for text() to take.
+        self._ahead: dict = {}
         # Parsed CPU sets by (parser, text): many devices repeat their node's local_cpulist.
         self._cpusets: dict = {}
         # Resolved paths by path: every PCI device link shares the directories above it.
@@ -62,6 +74,7 @@ class Reader:
         """
         twin = Reader(self.sysfs_root, self.procfs_root)
         twin._share = self._share
+        twin._texts = self._texts
         twin._cpusets = self._cpusets
         twin._resolved = self._resolved
         return twin
@@ -96,6 +109,25 @@ class Reader:
         """Whether ``path`` exists (a dangling link does not); recorded as accessed."""
         return self._shared("exists", path, os.path.exists)
 
+    def exists_given(self, path: str, witness: str) -> bool:
+        """exists(path), where ``witness`` is a file under ``path`` that the caller reads next.
+
+        A file that reads lies in an existing directory: then no stat of ``path`` is needed.
+        ``witness`` is read ahead (not recorded as accessed, no warning) for text() to use.
+        """
+        texts = self._texts
+        if texts is None:
+            outcome = self._ahead[witness] = _read_text(witness)
+        else:
+            outcome = texts.get(witness)
+            if outcome is None:
+                outcome = texts[witness] = _read_text(witness)
+        if isinstance(outcome, str):
+            self.accessed.add(path)
+            return True
+        self._ahead.pop(witness, None)
+        return self.exists(path)
+
     def isdir(self, path: str) -> bool:
         """Whether ``path`` is a directory (or a link to one); recorded as accessed."""
         return self._shared("isdir", path, os.path.isdir)
@@ -121,22 +153,26 @@ class Reader:
                     "capture",
                 )
 
-    def text(self, path: str, optional: bool = False) -> Optional[str]:
+    def text(self, path: str, optional: bool = False, at: Optional[str] = None) -> Optional[str]:
         """File content with trailing NULs and whitespace removed; None (and a warning) on error.
 
         With ``optional=True`` a missing file is not a warning: older kernels lack many files.
+        ``at`` is the same file's name without links on the way (see resolved()), opened
+        instead of ``path``, which is what is recorded, remembered and warned about.
         """
         self.accessed.add(path)
-        share = self._share
-        if share is None:
-            kind, value = _read_text(path)
-        else:
-            outcome = share.get(("text", path))
+        texts = self._texts
+        if texts is None:
+            outcome = self._ahead.pop(path, None)
             if outcome is None:
-                outcome = share[("text", path)] = _read_text(path)
-            kind, value = outcome
-        if kind == _OK:
-            return value
+                outcome = _read_text(path if at is None else at)
+        else:
+            outcome = texts.get(path)
+            if outcome is None:
+                outcome = texts[path] = _read_text(path if at is None else at)
+        if isinstance(outcome, str):
+            return outcome
+        kind, value = outcome
         if kind == _BAD:
             self.warn(path, value)
         elif not optional:
@@ -156,28 +192,85 @@ class Reader:
             self.warn(path, f"malformed: {exc}")
         return None
 
-    def integer(self, path: str, optional: bool = False) -> Optional[int]:
+    def integer(self, path: str, optional: bool = False, at: Optional[str] = None) -> Optional[int]:
         """Decimal (or 0x-prefixed hex) integer in the file, or None with a warning."""
-        return self.parsed(path, parse_int, optional=optional)
+        text = self.text(path, optional, at)
+        if text is None:
+            return None
+        try:
+            return parse_int(text)
+        except ValueError as exc:  # parse_int raises nothing else
+            self.warn(path, f"malformed: {exc}")
+        return None
 
     def cpulist(self, path: str, optional: bool = False) -> Optional[list[int]]:
         """Sorted CPUs of a cpulist file, or None with a warning."""
-        return self._cpuset(path, parse_cpulist, optional)
+        known = self.cpuset(path, parse_cpulist, optional)
+        return None if known is None else list(known)
 
     def cpumask(self, path: str, optional: bool = False) -> Optional[list[int]]:
         """Sorted CPUs of a cpumask file, or None with a warning."""
-        return self._cpuset(path, parse_cpumask, optional)
+        known = self.cpuset(path, parse_cpumask, optional)
+        return None if known is None else list(known)
 
-    def _cpuset(self, path: str, parse: Callable, optional: bool) -> Optional[list[int]]:
-        """As parsed(), remembering each text that parsed; every caller gets its own list."""
+    def cpuset(
+        self, path: str, parse: Callable, optional: bool = False, at: Optional[str] = None
+    ) -> Optional[tuple]:
+        """As parsed(path, parse), as a tuple; each text is parsed once for the reader's family.
 
-        def remembered(text: str) -> list[int]:
-            known = self._cpusets.get((parse, text))
-            if known is None:
-                known = self._cpusets[(parse, text)] = tuple(parse(text))
-            return list(known)
+        The tuple may be shared with other callers (it is immutable); cpulist() and cpumask()
+        give each caller its own list. ``at`` as for text().
+        """
+        text = self.text(path, optional, at)
+        if text is None:
+            return None
+        known = self._cpusets.get((parse, text))
+        if known is None:
+            try:
+                known = tuple(parse(text))
+            except NumaTuneError as exc:
+                self.warn(path, str(exc))
+                return None
+            except ValueError as exc:
+                self.warn(path, f"malformed: {exc}")
+                return None
+            self._cpusets[(parse, text)] = known
+        return known
 
-        return self.parsed(path, remembered, optional=optional)
+    def once(self, key, compute: Callable[[], T]) -> T:
+        """``compute()``, run once for this reader and its siblings when made with ``remember``.
+
+        A later call with the same ``key`` (on this reader or a sibling) gives the same value
+        (share it, do not change it) and records the paths and warnings the first run recorded,
+        as running ``compute`` again on the remembered files would have. Without ``remember``
+        it is ``compute()``.
+        """
+        share = self._share
+        if share is None:
+            return compute()
+        done = share.get(("once", key))
+        if done is None:
+            outer_accessed, outer_warnings = self.accessed, self.warnings
+            self.accessed, self.warnings = set(), []
+            try:
+                value = compute()
+            finally:
+                accessed, warnings = self.accessed, self.warnings
+                self.accessed, self.warnings = outer_accessed, outer_warnings
+                outer_accessed |= accessed
+                for entry in warnings:
+                    self.warn(entry["path"], entry["reason"])
+            share[("once", key)] = (
+                value,
+                frozenset(accessed),
+                tuple((entry["path"], entry["reason"]) for entry in warnings),
+            )
+            return value
+        value, accessed, warnings = done
+        self.accessed |= accessed
+        for path, reason in warnings:
+            self.warn(path, reason)
+        return value
 
     def listdir(self, path: str, optional: bool = False) -> list[str]:
         """Sorted entry names of a directory; [] (and a warning unless optional) on error."""
@@ -196,14 +289,30 @@ class Reader:
         The directories resolved on the way are remembered for the reader's later calls.
         """
         self.accessed.add(path)
-        if not os.path.isabs(path) or os.path.normpath(path) != path:
+        known = self._resolved
+        found = known.get(path)  # only absolute normalised paths are ever remembered
+        if found is not None:
+            return found
+        plain = path[:1] == "/" and "//" not in path and "/." not in path and path[-1:] != "/"
+        if not plain and (not os.path.isabs(path) or os.path.normpath(path) != path):
             return os.path.realpath(path)
-        resolved = _resolve(path, self._resolved, set())
+        resolved = _resolve_link(path, known)
+        if resolved is None:
+            resolved = _resolve(path, known, set())
         return os.path.realpath(path) if resolved is None else resolved
 
+    def resolved(self, path: str) -> Optional[str]:
+        """What realpath(path) gave by walking the links itself; None when it was not asked or
+        left the path to os.path.realpath (a link loop, an unreadable link, a relative path).
 
-def _read_text(path: str) -> tuple:
-    """(_OK, text without trailing NULs and whitespace), (_MISSING, None) or (_BAD, reason).
+        Files under ``path`` are the files under the result: the walk met no link it did not
+        follow. Not recorded as accessed.
+        """
+        return self._resolved.get(path)
+
+
+def _read_text(path: str, _stat=os.stat, _open=os.open, _read=os.read, _close=os.close) -> tuple:
+    """The text without trailing NULs and whitespace, (_MISSING, None) or (_BAD, reason).
 
     Anything but a regular file (a FIFO or a device would block or stream) is refused before
     it is opened. Reads up to READ_LIMIT bytes, _CHUNK at a time, until end of file; a file
@@ -211,28 +320,83 @@ def _read_text(path: str) -> tuple:
     the content) is complete once that many bytes are read.
     """
     try:
-        info = os.stat(path)
-        if not stat.S_ISREG(info.st_mode):
-            return _BAD, "not a regular file"
-        fd = os.open(path, os.O_RDONLY)
+        info = _stat(path)
+        if info.st_mode & _FILE_TYPE != _REGULAR:
+            return _NOT_REGULAR
+        fd = _open(path, os.O_RDONLY)
         try:
-            raw = os.read(fd, _CHUNK)
+            raw = _read(fd, _CHUNK)
             if raw and not 0 < info.st_size <= len(raw) < _CHUNK:
                 chunks, left = [raw], READ_LIMIT - len(raw)
                 while left > 0:
-                    chunk = os.read(fd, min(left, _CHUNK))
+                    chunk = _read(fd, min(left, _CHUNK))
                     if not chunk:
                         break
                     chunks.append(chunk)
                     left -= len(chunk)
                 raw = b"".join(chunks)
         finally:
-            os.close(fd)
+            _close(fd)
     except FileNotFoundError:
-        return _MISSING, None
+        return _GONE
     except OSError as exc:
         return _BAD, exc.strerror or "cannot be read"
-    return _OK, raw.decode("utf-8", errors="replace").replace("\0", "").strip()
+    text = raw.decode("utf-8", "replace")
+    if "\0" in text:
+        text = text.replace("\0", "")
+    return text.strip()
+
+
+def _resolve_link(path: str, known: dict) -> Optional[str]:
+    """_resolve(path, known, set()) for the common case, or None to leave it to _resolve.
+
+    The common case: the directory holding ``path`` is resolved already and ``path`` is a link
+    (a device's ``bus/pci/devices`` entry) or not one; one readlink instead of an lstat and a
+    readlink. Anything else (an error but "not a link", a path starting with ``//``) is None.
+    """
+    cut = path.rfind("/")
+    parent = path[:cut]
+    base = known.get(parent) if cut > 0 and not path.startswith("//") else None
+    if base is None or base.startswith("//"):
+        return None
+    name = path[cut + 1 :]
+    candidate = f"{base}/{name}" if base != "/" else f"/{name}"
+    try:
+        target = os.readlink(candidate)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:  # only EINVAL says for sure: it is there and no link
+            return None
+        known[path] = candidate
+        known[candidate] = candidate
+        return candidate
+    pending = {candidate}
+    base = "/" if target.startswith("/") else base
+    for part in target.split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            base = base[: base.rfind("/")] or "/"
+            continue
+        step = f"{base}/{part}" if base != "/" else f"/{part}"
+        found = known.get(step)
+        if found is not None:
+            base = found
+            continue
+        # _resolve(step) with its directory ``base`` resolved: one lstat, unless a link.
+        try:
+            is_link = os.lstat(step).st_mode & _FILE_TYPE == _LINK
+        except OSError:
+            is_link = False
+        if is_link:
+            base = _resolve(step, known, pending)
+            if base is None:
+                return None
+        else:
+            known[step] = step
+            base = step
+    known[path] = base
+    known[base] = base
+    return base
 
 
 def _resolve(path: str, known: dict, pending: set) -> Optional[str]:

@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Optional
 
-from .cpulist import format_cpulist
+from .cpulist import format_cpulist, parse_cpulist, parse_cpumask
 from .sysfs import Reader
 
 NODE_DIR = ("devices", "system", "node")
@@ -23,7 +23,33 @@ _CPU_RE = re.compile(r"^cpu([0-9]+)$")
 _POOL_RE = re.compile(r"^hugepages-([0-9]+)kB$")
 # Values as_plain() passes through as they are.
 _LEAVES = (str, int, float, bool, type(None))
+# Field names of each dataclass as_plain() has met, in field order.
+_FIELD_NAMES: dict = {}
 _MEMINFO_RE = re.compile(r"^(?:Node\s+\d+\s+)?([A-Za-z0-9_()]+):\s+(\d+)(?:\s+kB)?$")
+
+
+def frozen_builder(cls):
+    """A constructor of the frozen dataclass ``cls`` taking every field by keyword, that makes
+    the same object as ``cls(...)`` at a third of the cost.
+
+    A frozen dataclass's __init__ sets each field through object.__setattr__; this fills the
+    instance's __dict__ in one go. Only for classes whose fields all go through __init__ and
+    that have no __post_init__; any other set of keywords is left to ``cls(...)`` itself.
+    """
+    every = fields(cls)
+    if not all(item.init for item in every) or hasattr(cls, "__post_init__"):
+        return cls
+    names = frozenset(item.name for item in every)
+    make = object.__new__
+
+    def build(**values):
+        if values.keys() != names:
+            return cls(**values)
+        made = make(cls)
+        made.__dict__.update(values)
+        return made
+
+    return build
 
 
 @dataclass(frozen=True)
@@ -78,6 +104,9 @@ class Topology:
     default_hugepage_size_kb: Optional[int]
     kernel: dict
     consistency: tuple
+
+
+_cpu = frozen_builder(Cpu)
 
 
 def parse_meminfo(text: str) -> dict:
@@ -229,20 +258,29 @@ def _cpu_sets(reader: Reader, cpu_ids: list) -> dict:
 
 def _read_cpu(reader: Reader, cpu_dir: str, cpu: int, online: bool, node_of: dict) -> Cpu:
     topo = f"{cpu_dir}/cpu{cpu}/topology"
-    if not online or not reader.exists(topo):
-        return Cpu(cpu, online, node_of.get(cpu), None, None, None, ())
+    package = f"{topo}/physical_package_id"
+    if not online or not reader.exists_given(topo, package):
+        return _cpu(
+            id=cpu,
+            online=online,
+            node=node_of.get(cpu),
+            package=None,
+            die=None,
+            core=None,
+            siblings=(),
+        )
     die = reader.integer(f"{topo}/die_id", optional=True)
-    siblings = reader.cpulist(f"{topo}/thread_siblings_list", optional=True)
+    siblings = reader.cpuset(f"{topo}/thread_siblings_list", parse_cpulist, optional=True)
     if siblings is None:
-        siblings = reader.cpumask(f"{topo}/thread_siblings") or [cpu]
-    return Cpu(
+        siblings = reader.cpuset(f"{topo}/thread_siblings", parse_cpumask) or (cpu,)
+    return _cpu(
         id=cpu,
         online=True,
         node=node_of.get(cpu),
-        package=reader.integer(f"{topo}/physical_package_id"),
+        package=reader.integer(package),
         die=None if die is None or die < 0 else die,
         core=reader.integer(f"{topo}/core_id"),
-        siblings=tuple(siblings),
+        siblings=siblings,
     )
 
 
@@ -387,8 +425,15 @@ def as_plain(value):
         return {
             key: item if type(item) in _LEAVES else as_plain(item) for key, item in value.items()
         }
-    if is_dataclass(value) and not isinstance(value, type):
-        return {item.name: as_plain(getattr(value, item.name)) for item in fields(value)}
+    names = _FIELD_NAMES.get(kind)
+    if names is None and is_dataclass(value) and not isinstance(value, type):
+        names = _FIELD_NAMES[kind] = tuple(item.name for item in fields(value))
+    if names is not None:
+        plain = {}
+        for name in names:
+            item = getattr(value, name)
+            plain[name] = item if type(item) in _LEAVES else as_plain(item)
+        return plain
     if isinstance(value, (str, int, float)):
         return value
     if isinstance(value, (list, tuple)):
