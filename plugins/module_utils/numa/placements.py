@@ -609,7 +609,17 @@ def _placement(host: str, index: int, entry, tenants: set) -> Placement:
             f"{where}.tenant: {tenant!r} is not in {TENANTS_VAR} ({known}); "
             f"add it to {TENANTS_VAR} or fix the name",
         )
-    exec_text, argv, unit, user, group = _identity(host, where, entry)
+    exec_text = entry.get("exec")
+    if exec_text.__class__ is str and entry.get("unit") is None:
+        # An exec placement (most are): what _identity checks for one, without its call.
+        argv = _split_exec(host, where, exec_text)
+        unit, user, group = None, entry.get("user"), entry.get("group")
+        if user is not None and (not isinstance(user, str) or not _USER.match(user)):
+            raise _fail(host, f"{where}.user: {user!r} is not a valid user name; write e.g. llm")
+        if group is not None and (not isinstance(group, str) or not _USER.match(group)):
+            raise _fail(host, f"{where}.group: {group!r} is not a valid group name; write e.g. llm")
+    else:
+        exec_text, argv, unit, user, group = _identity(host, where, entry)
     description = entry.get("description")
     if description is None:
         description = f"numafleet placement {name}"
@@ -630,7 +640,12 @@ def _placement(host: str, index: int, entry, tenants: set) -> Placement:
         raise _fail(host, f"{where}.node: {node!r} is not a NUMA node id; write e.g. node: 0")
     near = entry.get("near")
     memory = entry.get("memory")
-    memory_kb = 0 if memory is None else _size(host, where, "memory", memory)
+    if memory is None:
+        memory_kb = 0
+    else:
+        memory_kb = parse_size_kb(memory)
+        if memory_kb is None or 0 < memory_kb < _MIB_KB:
+            memory_kb = _size(host, where, "memory", memory)  # raises the message
     mig_profile = entry.get("mig_profile")
     if mig_profile is not None:
         if not isinstance(mig_profile, str) or not mig_profile.strip():

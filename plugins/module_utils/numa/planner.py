@@ -8,7 +8,7 @@ so appending a placement never moves an earlier one. See DESIGN.md §3 for the p
 from __future__ import annotations
 
 from dataclasses import replace
-from itertools import chain
+from itertools import chain, filterfalse, islice
 from operator import itemgetter
 from typing import Optional
 
@@ -235,9 +235,16 @@ class _Host:
         self.dist: dict = {}
         for node in nodes:
             distances = node.get("distances") or ()
-            row = {}
-            for position, other in enumerate(ids):
-                row[other] = distances[position] if position < len(distances) else 255
+            if distances.__class__ is list and ids.__class__ is list:
+                # As assigning position by position: a repeated id keeps its last distance,
+                # ids past the end of distances get 255.
+                row = dict(zip(ids, distances))
+                if len(distances) < len(ids):
+                    row.update(dict.fromkeys(islice(ids, len(distances), None), 255))
+            else:
+                row = {}
+                for position, other in enumerate(ids):
+                    row[other] = distances[position] if position < len(distances) else 255
             row[node["id"]] = row.get(node["id"], 10)
             self.dist[node["id"]] = row
         cpus = numa.get("cpus") or {}
@@ -259,6 +266,9 @@ class _Host:
         self.usable: dict = {}
         self.free_groups: dict = {}
         self.free_cpus: dict = {}
+        # node -> (size, count): the first count free groups of the node all have size CPUs
+        # (see groups_for and _group_shape); _commit keeps it as it takes or pins groups.
+        self.group_shape: dict = {}
         online = self.online
         for node in nodes:
             nid = node["id"]
@@ -271,12 +281,14 @@ class _Host:
             if blocked.isdisjoint(cpus):
                 usable = list(cpus)
             else:
-                usable = [c for c in cpus if c not in blocked]
+                usable = list(filterfalse(blocked.__contains__, cpus))
             if not usable:
                 continue
             self.usable[nid] = usable
-            self.free_groups[nid] = _core_groups(usable, siblings)
+            groups = _core_groups(usable, siblings)
+            self.free_groups[nid] = groups
             self.free_cpus[nid] = len(usable)
+            self.group_shape[nid] = _group_shape(groups)
         self.cpu_nodes = [nid for nid in self.node_ids if nid in self.usable]
         self.mem_nodes = [
             node["id"]
@@ -600,12 +612,26 @@ class _Host:
         """How many free groups (lowest first) of a node cover count CPUs; -1 if too few."""
         if self.free_cpus.get(nid, 0) < count:
             return -1
+        size, uniform = self.group_shape[nid]
+        if 0 < count <= size * uniform:  # the groups it takes all have size CPUs
+            return -(-count // size)
         total = 0
         for taken, group in enumerate(self.free_groups[nid], 1):
             total += len(group)
             if total >= count:
                 return taken
         return -1
+
+
+def _group_shape(groups: list) -> tuple:
+    """(size, count): the first count groups all have size CPUs (SMT threads per core)."""
+    if not groups:
+        return 0, 0
+    lengths = list(map(len, groups))
+    size = lengths[0]
+    others = set(lengths)
+    others.discard(size)
+    return size, min(map(lengths.index, others)) if others else len(lengths)
 
 
 def _core_groups(usable: list, siblings: dict) -> list:
@@ -1141,6 +1167,12 @@ class _Planner:
     def _single(
         self, p, nodes: list, listed: list, fallback: bool, far: bool = False
     ) -> Optional[_Fit]:
+        if (
+            p.cpu_list is None
+            and p.hugepages is None
+            and not (p.gpu_count or p.mig_profile is not None or listed)
+        ):
+            return self._single_cpu(p, nodes)
         best = None
         for nid in nodes:
             found = self._fit_node(p, nid, listed, fallback, far)
@@ -1149,6 +1181,40 @@ class _Planner:
         if best is None:
             return None
         return _Fit.on_node(*best)
+
+    def _single_cpu(self, p, nodes: list) -> Optional[_Fit]:
+        """_single for a placement of a CPU count, no GPUs and no hugepages (most of them).
+
+        The same fit as _fit_node on each node (rank (0, free whole GPUs, cores left, node),
+        the memory node mem_for gives), without its per-node calls.
+        """
+        state = self.state
+        count, need_kb = p.cpu_count, p.memory_kb
+        free_cpus, group_shape, free_groups = state.free_cpus, state.group_shape, state.free_groups
+        near_mem, used_kb, budget = state.near_mem, state.used_kb, state.budget
+        free_whole = state.free_whole
+        best = None
+        for nid in nodes:
+            if free_cpus.get(nid, 0) < count:
+                continue
+            size, uniform = group_shape[nid]
+            taken = (
+                -(-count // size) if 0 < count <= size * uniform else state.groups_for(nid, count)
+            )
+            if taken < 0:
+                continue
+            for mem in near_mem[nid]:
+                if used_kb[mem] + need_kb <= budget[mem]:
+                    break
+            else:
+                continue
+            rank = (0, len(free_whole.get(nid, ())), len(free_groups[nid]) - taken, nid)
+            if best is None or rank < best[0]:
+                best = (rank, nid, taken, mem)
+        if best is None:
+            return None
+        rank, nid, taken, mem = best
+        return _Fit.on_node(rank, nid, taken, ([], None), mem)
 
     def _span(self, p, nodes: list, listed: list) -> Optional[_Fit]:
         """CPUs (and GPUs) from the best node plus its nearest nodes, or None."""
@@ -1399,6 +1465,7 @@ class _Planner:
                     groups.extend(partial)  # whole cores first: counts take them before these
                     state.free_groups[nid] = groups
                     state.free_cpus[nid] = sum(map(len, groups))
+                    state.group_shape[nid] = _group_shape(groups)
         else:
             cpus = []
             shared = state.shared
@@ -1408,6 +1475,10 @@ class _Planner:
                     free_groups = state.free_groups[nid]
                     groups = free_groups[:taken]
                     del free_groups[:taken]
+                    size, uniform = state.group_shape[nid]
+                    state.group_shape[nid] = (
+                        (size, uniform - taken) if taken <= uniform else _group_shape(free_groups)
+                    )
                     node_cpus = list(chain.from_iterable(groups))
                     if shared:
                         for group in groups:
