@@ -296,3 +296,25 @@ def test_untouched_host_stays_clean(fleet):
         "changes": 3,
     }
     assert report.prom[("numafleet_host_drift", frozenset({"host": CONTROL}.items()))] == 0
+
+
+def test_bad_measurement_setting_fails_with_the_roles_inputs(fleet):
+    """A typo in a drift-only setting is reported by the input pass, with its value and the fix."""
+    inventory = fleet.base / "inventories" / "demo"
+    env = {"NUMAFLEET_DRIFT_REPORT_DIR": str(fleet.base / "reports-bad")}
+    run = ansible_playbook(
+        PLAYBOOK, inventory, "--limit", CONTROL, "-e", "numafleet_drift_fail=maybe", env=env
+    )
+    assert run.rc != 0, run.explain()
+    (failed,) = [r for r in run.results(CONTROL) if r["status"] == "failed"]
+    assert failed["task"] == "Check the role inputs", failed
+    assert failed["msg"].startswith(f"host {CONTROL}: numafleet_verify_window_s is '5'"), failed
+    assert "numafleet_drift_fail is 'maybe'" in failed["msg"]
+    assert "numafleet_drift_fail is true or false." in failed["msg"]
+    # A fractional window is a right value: the input pass lets it through.
+    run = ansible_playbook(
+        PLAYBOOK, inventory, "--limit", CONTROL, "-e", "numafleet_verify_window_s=0.5", env=env
+    )
+    assert "Check the role inputs" not in [
+        r["task"] for r in run.results(CONTROL) if r["status"] == "failed"
+    ], run.explain()
