@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
+import stat
 from contextlib import contextmanager
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -70,3 +73,26 @@ def run_module(capsys):
         return result
 
     return run
+
+
+# The recorded `nvidia-smi -q -x` of an 8x H100 SXM host (tests/unit/fixtures/cmd/nvidia-smi).
+H100_XML = (
+    Path(__file__).resolve().parents[2] / "fixtures" / "cmd" / "nvidia-smi" / "h100-sxm-q-x.xml"
+)
+
+
+@pytest.fixture
+def fake_nvidia_smi(tmp_path, monkeypatch):
+    """An nvidia-smi first on PATH that prints the recorded H100 XML for exactly `-q -x` under LC_ALL=C."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    script = bindir / "nvidia-smi"
+    script.write_text(
+        "#!/bin/sh\n"
+        '[ "$1" = -q ] && [ "$2" = -x ] && [ $# -eq 2 ] || { echo "bad argv: $*" >&2; exit 2; }\n'
+        '[ "$LC_ALL" = C ] || { echo "LC_ALL is not C" >&2; exit 3; }\n'
+        f'cat "{H100_XML}"\n'
+    )
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ.get('PATH', '')}")
+    return script

@@ -21,7 +21,6 @@ if str(UNIT / "fixtures") not in sys.path:
 import trees  # noqa: E402
 
 SNAPSHOTS = UNIT / "fixtures" / "gpu_snapshots"
-H100_XML = UNIT / "fixtures" / "cmd" / "nvidia-smi" / "h100-sxm-q-x.xml"
 
 
 def _nvml_works() -> bool:
@@ -46,23 +45,6 @@ def host(tmp_path):
     """Scratch fsroot of the 4x A100 machine: module arguments for its sysfs/procfs."""
     root = trees.materialize("synthetic-2x6338-4xa100", tmp_path / "host")
     return {"sysfs_root": f"{root}/sys", "procfs_root": f"{root}/proc"}
-
-
-@pytest.fixture
-def fake_nvidia_smi(tmp_path, monkeypatch):
-    """An nvidia-smi on PATH that prints the recorded H100 XML for exactly `-q -x` under LC_ALL=C."""
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    script = bindir / "nvidia-smi"
-    script.write_text(
-        "#!/bin/sh\n"
-        '[ "$1" = -q ] && [ "$2" = -x ] && [ $# -eq 2 ] || { echo "bad argv: $*" >&2; exit 2; }\n'
-        '[ "$LC_ALL" = C ] || { echo "LC_ALL is not C" >&2; exit 3; }\n'
-        f'cat "{H100_XML}"\n'
-    )
-    script.chmod(script.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setenv("PATH", f"{bindir}:{os.environ.get('PATH', '')}")
-    return script
 
 
 @pytest.fixture

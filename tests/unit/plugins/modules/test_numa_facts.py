@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import sys
 from pathlib import Path
 
@@ -85,7 +84,6 @@ import make_snapshots  # noqa: E402
 import trees  # noqa: E402
 
 SNAPSHOTS = UNIT / "fixtures" / "gpu_snapshots"
-H100_XML = UNIT / "fixtures" / "cmd" / "nvidia-smi" / "h100-sxm-q-x.xml"
 # (machine, snapshot of trees.GPU_SNAPSHOT_DIR or None): NVIDIA, AMD, GPU-less and odd trees.
 GPU_CASES = [
     ("synthetic-2x6338-4xa100", None),
@@ -180,23 +178,6 @@ def test_gpu_true_without_nvml_library_reports_what_nvmlinit_says(
     assert "pynvml" not in sys.modules
     assert ours["ansible_facts"]["gpu_topology"]["nvml"]["reason"] == expected
     assert ours["ansible_facts"]["gpu_topology"] == theirs["ansible_facts"]["gpu_topology"]
-
-
-@pytest.fixture
-def fake_nvidia_smi(tmp_path, monkeypatch):
-    """An nvidia-smi first on PATH that prints the recorded H100 XML for `-q -x`."""
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    script = bindir / "nvidia-smi"
-    script.write_text(
-        "#!/bin/sh\n"
-        '[ "$1" = -q ] && [ "$2" = -x ] && [ $# -eq 2 ] || { echo "bad argv: $*" >&2; exit 2; }\n'
-        '[ "$LC_ALL" = C ] || { echo "LC_ALL is not C" >&2; exit 3; }\n'
-        f'cat "{H100_XML}"\n'
-    )
-    script.chmod(script.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setenv("PATH", f"{bindir}:{os.environ.get('PATH', '')}")
-    return script
 
 
 @pytest.mark.parametrize("mode", ["auto", "always"])
