@@ -78,10 +78,10 @@ PING4_PLAY = """\
 GROUP_VARS = """\
 ansible_connection: local
 ansible_python_interpreter: "{{{{ ansible_playbook_python }}}}"
-numafleet_demo_root: "{hosts_dir}/{{{{ inventory_hostname }}}}"
-numafleet_sysfs_root: "{{{{ numafleet_demo_root }}}}/sys"
-numafleet_procfs_root: "{{{{ numafleet_demo_root }}}}/proc"
-numafleet_render_root: "{{{{ numafleet_demo_root }}}}/root"
+demo_root: "{hosts_dir}/{{{{ inventory_hostname }}}}"
+numafleet_sysfs_root: "{{{{ demo_root }}}}/sys"
+numafleet_procfs_root: "{{{{ demo_root }}}}/proc"
+numafleet_render_root: "{{{{ demo_root }}}}/root"
 """
 
 

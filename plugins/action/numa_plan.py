@@ -10,11 +10,15 @@ on the facts that numa_facts / gpu_topology_facts already returned. Documentatio
 
 from __future__ import annotations
 
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import mps, units
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa.changes import change_plan
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import NumaTuneError
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.planner import (
+    parse_recorded,
     plan_host,
     plan_summary,
 )
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa.recorded import PLAN_PATH
 from ansible_collections.numafleet.tuning.plugins.plugin_utils._controller import (
     ControllerAction,
     plain,
@@ -33,6 +37,17 @@ ARGUMENT_SPEC = dict(
     hugepages_extra=dict(type="raw", default=[]),
     mig_gpus=dict(type="raw", default=[]),
     host=dict(type="str"),
+    recorded=dict(type="dict"),
+    repack=dict(type="bool", default=False),
+    changes=dict(type="bool", default=False),
+    restart=dict(type="str", default="auto", choices=["auto", "never"]),
+    max_removals=dict(type="int", default=2),
+    allow_removals=dict(type="bool", default=False),
+    hardening=dict(type="bool", default=True),
+    unit_dir=dict(type="str", default=units.DEFAULT_UNIT_DIR),
+    mps_unit_dir=dict(type="str", default=units.DEFAULT_UNIT_DIR),
+    mps_control_path=dict(type="str", default=mps.DEFAULT_CONTROL),
+    mps_nvidia_smi_path=dict(type="str", default=mps.DEFAULT_NVIDIA_SMI),
 )
 
 
@@ -72,7 +87,13 @@ class ActionModule(ControllerAction):
             "reserved_cpus": plain(reserved),
             "memory_headroom_pct": plain(args["memory_headroom_pct"]),
         }
+        recorded = args["recorded"]
+        if recorded is None:
+            recorded = facts.get("numafleet_recorded")
+        recorded = plain(recorded) if recorded else None
+        plan_path = (recorded or {}).get("plan_path") or PLAN_PATH
         try:
+            kept = None if args["repack"] else parse_recorded(host, recorded, plan_path)
             plan = plan_host(
                 host,
                 plain(numa),
@@ -82,18 +103,57 @@ class ActionModule(ControllerAction):
                 policy,
                 hugepages_extra=plain(extra),
                 mig_gpus=plain(mig_gpus),
+                recorded=kept,
             )
             summary = plan_summary(plan)
+            changes = (
+                self._changes(host, args, recorded, plan, gpu_topology) if args["changes"] else None
+            )
         except NumaTuneError as exc:
             result.update(failed=True, msg=str(exc))
             return result
 
-        result.update(
-            changed=False,
-            ansible_facts={"numafleet_plan": plan},
-            summary=summary,
-        )
+        if changes is not None and changes["refused"]:
+            # Only the message and the change plan: the plan itself would bury them.
+            result.update(failed=True, msg=" ".join(changes["refused"]), changes=changes["lines"])
+            return result
+        new_facts = {"numafleet_plan": plan}
+        if changes is not None:
+            new_facts["numafleet_changes"] = changes
+            result["changes"] = changes["lines"]
+        result.update(changed=False, ansible_facts=new_facts, summary=summary)
         if plan.get("warnings"):
             # Shown as [WARNING] lines, which carry no host name of their own.
             result["warnings"] = [f"host {host}: {warning}" for warning in plan["warnings"]]
         return result
+
+    @staticmethod
+    def _changes(host, args, recorded, plan, gpu_topology) -> dict:
+        """The change plan (numafleet_changes): recorded state -> this plan; raises NumaTuneError."""
+        recorded = recorded or {}
+        unit_files = units.render_files(
+            plan, units.DEFAULT_HEADER, args["hardening"], args["unit_dir"]
+        )
+        daemons, dummy = mps.plan_daemons(plan)
+        mps_files = mps.render_files(
+            daemons,
+            units.DEFAULT_HEADER,
+            args["mps_unit_dir"],
+            args["mps_control_path"],
+            args["mps_nvidia_smi_path"],
+        )
+        old_plan = recorded.get("plan") if recorded.get("state") == "present" else None
+        if args["repack"] and recorded.get("state") != "present":
+            old_plan = None
+        return change_plan(
+            host,
+            old_plan,
+            plan,
+            unit_files,
+            mps_files,
+            recorded.get("files") or {},
+            gpu_topology=plain(gpu_topology),
+            restart=args["restart"],
+            max_removals=args["max_removals"],
+            allow_removals=args["allow_removals"],
+        )

@@ -33,8 +33,13 @@ description:
   - With O(state_paths) it also publishes C(ansible_facts.numafleet_state_paths), the listed paths
     that exist on the host, so that a play can skip a role that has nothing to apply and nothing
     to remove without running another module.
-  - One execution of this module with O(gpu=true) and O(state_paths) gathers everything the
-    collection's roles read from a host.
+  - With O(recorded_root) it also publishes C(ansible_facts.numafleet_recorded) - what the last
+    apply left below that root - the plan it recorded (C(/etc/numafleet/plan.json)) and the
+    sha256 digests of the files its manifests (C(/etc/numafleet/manifest.json),
+    C(/etc/numafleet/mps-units.json)) list, so that the next plan keeps placements where they are
+    and the change plan knows which units will change.
+  - One execution of this module with O(gpu=true), O(state_paths) and O(recorded_root) gathers
+    everything the collection's roles read from a host.
 options:
   gpu:
     description:
@@ -91,6 +96,14 @@ options:
     type: list
     elements: path
     default: []
+  recorded_root:
+    description:
+      - Directory below which the collection's files of the last apply are read; V(/) for the host
+        itself, or the render root in render mode.
+      - Publishes RV(ansible_facts.numafleet_recorded). A plan file that is a symbolic link, not a
+        regular file, not JSON or too large is reported as V(invalid) with the reason, never used.
+      - Unset (the default), nothing is read and the fact is not published.
+    type: path
 extends_documentation_fragment:
   - numafleet.tuning.roots
   - numafleet.tuning._attributes
@@ -756,6 +769,44 @@ ansible_facts:
       type: list
       elements: str
       sample: ["/etc/numafleet/mig.json"]
+    numafleet_recorded:
+      description:
+        - What the last apply left below O(recorded_root).
+      returned: when O(recorded_root) is set
+      type: dict
+      contains:
+        root:
+          description: O(recorded_root).
+          type: str
+          sample: /
+        plan_path:
+          description: Where the plan is recorded, as on the host.
+          type: str
+          sample: /etc/numafleet/plan.json
+        state:
+          description: V(absent), V(present) or V(invalid) (see RV(ansible_facts.numafleet_recorded.error)).
+          type: str
+          sample: present
+        error:
+          description: Why the plan file is V(invalid); V(null) otherwise.
+          type: str
+          sample: is not JSON (Expecting value, line 1 column 1 (char 0))
+        plan:
+          description: The recorded plan (the C(numafleet_plan) fact of the last apply); V(null) unless V(present).
+          type: dict
+          sample: {version: 1, host: gpu-a100-01, placements: []}
+        files:
+          description:
+            - Every file the manifests list, and each manifest, as on the host, mapped to the
+              sha256 hex digest of its content, V(null) when absent, or V(link), V(other),
+              V(unreadable).
+          type: dict
+          sample: {/etc/systemd/system/numafleet-embed.service: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08}
+        manifest_errors:
+          description: Manifests that could not be read or parsed, with the reason.
+          type: list
+          elements: str
+          sample: []
 """
 
 import sys
@@ -786,6 +837,7 @@ def main() -> None:
             nvidia_smi=dict(type="str", default="auto", choices=["auto", "always", "never"]),
             nvidia_smi_timeout=dict(type="int", default=30),
             state_paths=dict(type="list", elements="path", default=[]),
+            recorded_root=dict(type="path"),
         ),
         supports_check_mode=True,
     )

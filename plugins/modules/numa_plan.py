@@ -21,7 +21,18 @@ description:
     changed. The facts come from M(numafleet.tuning.numa_facts) and
     M(numafleet.tuning.gpu_topology_facts), which must run first.
   - Placements are planned in declaration order and greedily, so appending a placement never moves
-    the ones before it. Whole-GPU requests go to one NUMA node that holds enough free GPUs with
+    the ones before it. With the plan the last apply recorded (O(recorded), by default
+    C(ansible_facts.numafleet_recorded) of M(numafleet.tuning.numa_facts)), a placement whose
+    request (C(cpus), C(gpus), C(memory), C(hugepages), C(node), C(near), C(mig_profile), C(mps),
+    C(allow_span)) did not change keeps its node, CPUs, memory nodes, GPUs, MIG slot and MPS share
+    while they still exist and fit; the others are planned around the kept ones, a changed one on
+    its old node when it fits there. So editing, reordering or removing one placement never moves
+    another. A recorded plan that is invalid, not a plan, for another host, or without a
+    placement's resources fails the task naming the file and the fix (O(repack)).
+  - With O(changes), it also computes the change plan (RV(ansible_facts.numafleet_changes), and
+    RV(changes) as lines for people) and refuses, before anything is changed, a plan that removes
+    every unit the collection manages on the host or more than O(max_removals) units, unless
+    O(allow_removals). Whole-GPU requests go to one NUMA node that holds enough free GPUs with
     known locality, enough whole cores, memory budget and hugepage capacity; among fitting nodes
     the one left least fragmented wins. Multi-GPU requests prefer GPUs under one PCIe switch, then
     NVLink-connected sets. CPUs are whole cores (SMT siblings together), never reserved, isolated,
@@ -113,6 +124,66 @@ options:
     description:
       - Host name used in the plan and in messages. Defaults to C(inventory_hostname).
     type: str
+  recorded:
+    description:
+      - What the last apply recorded on the host, as M(numafleet.tuning.numa_facts) publishes it
+        with its option C(recorded_root) (C(state), C(plan), C(error), C(files)).
+      - Defaults to C(ansible_facts.numafleet_recorded); without either, everything is planned
+        from scratch.
+    type: dict
+  repack:
+    description:
+      - Plan every placement from scratch, in declaration order, ignoring (and not checking) the
+        recorded plan; placements may move. Usually the host variable C(numafleet_repack).
+    type: bool
+    default: false
+  changes:
+    description:
+      - Compute the change plan and apply the blast-radius guards (see O(max_removals)).
+    type: bool
+    default: false
+  restart:
+    description:
+      - V(auto) lists the units the apply restarts; V(never) lists them as awaiting a restart
+        instead (the apply then restarts nothing). Usually the host variable C(numafleet_restart).
+    type: str
+    choices: [auto, never]
+    default: auto
+  max_removals:
+    description:
+      - With O(changes), the most managed units (services, vendor units unpinned, MPS daemons) the
+        plan may remove; more fails the task unless O(allow_removals). Usually the host variable
+        C(numafleet_max_removals).
+    type: int
+    default: 2
+  allow_removals:
+    description:
+      - Allow a plan that removes more than O(max_removals) units, or every managed unit of the
+        host. Usually the host variable C(numafleet_allow_removals).
+    type: bool
+    default: false
+  hardening:
+    description:
+      - The C(hardening) option the units are rendered with (the role variable
+        C(pinned_services_hardening)), for the change plan.
+    type: bool
+    default: true
+  unit_dir:
+    description: Directory of the pinned units on the host (C(pinned_services_unit_dir)), for the change plan.
+    type: str
+    default: /etc/systemd/system
+  mps_unit_dir:
+    description: Directory of the MPS units on the host (C(nvidia_mps_unit_dir)), for the change plan.
+    type: str
+    default: /etc/systemd/system
+  mps_control_path:
+    description: C(nvidia-cuda-mps-control) as the MPS units name it (C(nvidia_mps_control_path)), for the change plan.
+    type: str
+    default: /usr/bin/nvidia-cuda-mps-control
+  mps_nvidia_smi_path:
+    description: C(nvidia-smi) as the MPS units name it (C(nvidia_mps_nvidia_smi_path)), for the change plan.
+    type: str
+    default: /usr/bin/nvidia-smi
 extends_documentation_fragment:
   - action_common_attributes
   - action_common_attributes.conn
@@ -194,6 +265,22 @@ EXAMPLES = r"""
         cpus: 8
         memory: 16G
 
+- name: Gather the facts and what the last apply recorded
+  numafleet.tuning.numa_facts:
+    gpu: true
+    recorded_root: /
+
+- name: Plan from the recorded plan, with the change plan and its guards
+  numafleet.tuning.numa_plan:
+    placements: "{{ numafleet_placements | default([]) }}"
+    changes: true
+    max_removals: 2
+  register: planned
+
+- name: Show what an apply would add, move, remove and restart
+  ansible.builtin.debug:
+    msg: "{{ planned.changes }}"
+
 - name: Show the CPUs of each placement
   ansible.builtin.debug:
     msg: "{{ item.name }}: node {{ item.node }} cpus {{ item.cpus | numafleet.tuning.cpulist }}"
@@ -201,6 +288,15 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+changes:
+  description: The change plan as short lines for people (printed by C(site.yml) before the apply).
+  returned: with O(changes)
+  type: list
+  elements: str
+  sample:
+    - "gpu-a100-01: change plan: 0 added, 1 moved, 0 removed, 5 kept"
+    - "  ~ move    rerank-b: node0 cpus 7-8,71-72 gpus 31:00.0 mps -> node0 cpus 7-8,11,71-72,75 gpus 31:00.0 mps (its request changed (cpus 4 -> 6))"
+    - "  restart: numafleet-rerank-b.service"
 summary:
   description: One line describing the plan (placements, node, CPUs, GPUs, warnings).
   returned: success
@@ -239,8 +335,10 @@ ansible_facts:
             - One entry per placement, in declaration order, with C(name), C(index), C(unit),
               C(unit_kind) (V(service) or V(dropin)), C(exec), C(argv), C(description), C(user),
               C(group), C(tenant), C(slice), C(node), C(nodes), C(spans), C(near), C(cpus),
-              C(cpus_requested), C(mems), C(memory_kb), C(hugepages), C(gpus),
-              C(cuda_visible_devices), C(mps), C(environment), C(hardening) and C(warnings).
+              C(cpus_requested), C(mems), C(memory_node) (the node charged with its memory),
+              C(memory_kb), C(hugepages), C(gpus), C(cuda_visible_devices), C(mps),
+              C(environment), C(hardening), C(request) (what it asks for in resources, compared
+              with the recorded plan's) and C(warnings).
             - C(near) is the PCI device the placement is anchored on (C(address), C(kind),
               C(node)), or V(null) without C(near).
           type: list
@@ -284,7 +382,8 @@ ansible_facts:
             - One entry per MPS daemon the plan needs (device UUID, pipe and log directories, clients).
             - C(unit) (V(nvidia-mps@<instance>.service)) and C(instance) (the device UUID; both V(null) while the
               MIG instance it serves is not created yet), C(gpu_uuid) (the physical GPU), C(mig) (whether it serves a
-              MIG device), C(node), C(cpus) and C(mems) (unions of its clients'), C(user) and C(group) (its clients',
+              MIG device), C(node), C(cpus) and C(mems) (the usable CPUs and nearest memory node of its GPU's node,
+              so that one client's change does not change the daemon), C(user) and C(group) (its clients',
               which must agree), C(active_thread_percentage) and C(pinned_memory_limit_kb) (the largest of its
               clients').
           type: list
@@ -297,8 +396,68 @@ ansible_facts:
               are not listed, so they are never touched.
           type: list
           elements: dict
+        stability:
+          description:
+            - Per placement name, V(kept) (its recorded resources), V(new), or why it was planned
+              again (its request changed, a CPU went offline, a GPU is gone...). Not recorded on
+              the host.
+          type: dict
+          sample: {llm-70b: kept, embed: "its request changed (cpus 4 -> 8)"}
         warnings:
           description: Warnings of the plan, for example a GPU with unknown NUMA locality.
           type: list
           elements: str
+    numafleet_changes:
+      description:
+        - The change plan of the host, from the recorded plan and file digests to this plan.
+      returned: with O(changes), when no guard refused it
+      type: dict
+      contains:
+        host:
+          description: The host.
+          type: str
+          sample: gpu-a100-01
+        recorded:
+          description: Whether a recorded plan was compared (V(false) on a first run).
+          type: bool
+          sample: true
+        changed:
+          description: Whether anything is added, moved, removed, started, restarted or stopped.
+          type: bool
+          sample: true
+        placements:
+          description:
+            - C(added) and C(unrecorded) (C(name), C(to)), C(moved) (C(name), C(from), C(to),
+              C(reason)), C(removed) (C(name), C(from)) and C(kept) (C(name), C(at)); C(from),
+              C(to) and C(at) read like V(node0 cpus 1-4,65-68 gpus 17:00.0 mig 3g.40gb@4).
+              C(unrecorded) are placements whose unit exists although no plan was recorded.
+          type: dict
+          sample: {added: [], moved: [], removed: [], kept: [{name: embed, at: node0 cpus 1-4}], unrecorded: []}
+        units:
+          description:
+            - C(start), C(stop), C(unpin) (vendor units whose drop-in goes), C(restart),
+              C(restart_if_running) (vendor units pinned by a drop-in), C(restart_through) and
+              C(stop_through) (unit -> the C(Requires=)/C(BindsTo=)/C(PartOf=) that makes systemd
+              restart or stop it), C(awaiting_restart) (with O(restart=never)) and C(reload).
+          type: dict
+          sample: {start: [], stop: [], restart: [numafleet-rerank-b.service], restart_through: {}}
+        mig:
+          description: Per GPU whose MIG layout changes, C(gpu), C(mode) (V(null) or V(disabled -> enabled)), C(create) and C(destroy) (V(profile@start)).
+          type: list
+          elements: dict
+          sample: [{gpu: "0000:17:00.0", mode: null, create: [1g.10gb@2], destroy: [2g.20gb@2]}]
+        removals:
+          description: C(units) the plan removes, C(max) (O(max_removals)) and C(allowed) (O(allow_removals)).
+          type: dict
+          sample: {units: [], max: 2, allowed: false}
+        refused:
+          description: The guards that fired (empty here; a refused plan fails the task with them).
+          type: list
+          elements: str
+          sample: []
+        lines:
+          description: RV(changes).
+          type: list
+          elements: str
+          sample: ["gpu-a100-01: change plan: 0 added, 0 moved, 0 removed, 6 kept; no change"]
 """

@@ -68,6 +68,15 @@ options:
         when their placement goes.
     type: path
     default: /etc/numafleet/manifest.json
+  plan_path:
+    description:
+      - Path, as on the host (below O(root)), where O(plan) is recorded as JSON (mode 0644,
+        written atomically after the units and the manifest), without its C(stability) key.
+      - M(numafleet.tuning.numa_facts) (option C(recorded_root)) reads it back, and
+        M(numafleet.tuning.numa_plan) starts the next plan from it, so that placements whose
+        request did not change keep their resources. It is never removed.
+    type: path
+    default: /etc/numafleet/plan.json
   header:
     description:
       - Comment block written as the first lines of every file, for example
@@ -151,8 +160,9 @@ EXAMPLES = r"""
 RETURN = r"""
 files:
   description:
-    - Every file the module manages, as on the host (below O(root)), sorted by path, the manifest
-      last, with what happened to it (or would happen, in check mode).
+    - Every file the module manages, as on the host (below O(root)), sorted by path, then the
+      manifest and the recorded plan (O(plan_path)), with what happened to it (or would happen,
+      in check mode).
   returned: always
   type: list
   elements: dict
@@ -171,6 +181,8 @@ files:
     - path: /etc/systemd/system/numafleet-llm-70b.service
       state: create
     - path: /etc/numafleet/manifest.json
+      state: create
+    - path: /etc/numafleet/plan.json
       state: create
 units:
   description:
@@ -297,6 +309,7 @@ def main() -> None:
             root=dict(type="path", default="/"),
             unit_dir=dict(type="path", default=units.DEFAULT_UNIT_DIR),
             manifest_path=dict(type="path", default=units.DEFAULT_MANIFEST_PATH),
+            plan_path=dict(type="path", default=units.DEFAULT_PLAN_PATH),
             header=dict(type="str", default=units.DEFAULT_HEADER),
             hardening=dict(type="bool", default=True),
             service_manager=dict(type="str", choices=["systemd", "none"], default="systemd"),
@@ -316,6 +329,10 @@ def main() -> None:
         current = units.read_files(root, set(desired) | set(manifest.files))
         changes = units.plan_changes(current, desired, list(manifest.files))
         manifest_change = units.plan_manifest(manifest, desired)
+        plan_path = units.check_host_path("plan_path", params["plan_path"])
+        plan_change = units.plan_record_change(root, plan_path, params["plan"])
+        if plan_change.state == "create" and not desired and not manifest.files:
+            plan_change = None  # nothing planned, nothing written before: nothing to record
         actions = units.plan_actions(changes)
         if not module.check_mode:
             if systemd and actions.disable:
@@ -335,10 +352,12 @@ def main() -> None:
                     ran.append(f"systemctl disable --now {unit}")
             units.write_files(root, changes)
             units.write_manifest(root, manifest_change)
+            if plan_change is not None:
+                units.write_files(root, [plan_change])
     except NumaTuneError as exc:
         module.fail_json(msg=str(exc), ran=ran)
 
-    every = changes + ([manifest_change] if manifest_change else [])
+    every = [change for change in changes + [manifest_change, plan_change] if change is not None]
     handlers = systemd and not module.check_mode
     result = dict(
         changed=any(change.state != "unchanged" for change in every),

@@ -1,7 +1,7 @@
 """site.yml on a fresh scratch copy of the demo fleet: succeeds, is idempotent, check mode is clean.
 
 The demo inventory is copied to <tmp>/inventories/demo and the trees are materialised to
-<tmp>/.demo, so the inventory's own `numafleet_demo_root` ({{ inventory_dir }}/../../.demo/<host>)
+<tmp>/.demo, so the inventory's own `demo_root` ({{ inventory_dir }}/../../.demo/<host>)
 points at the scratch copy; the checkout's .demo/ is never touched.
 """
 
@@ -98,13 +98,12 @@ def test_second_run_changes_nothing(fleet):
 # Actions that run on the controller only (cheap); everything else is a module sent to the host.
 CONTROLLER_SIDE = {
     "numafleet.tuning.numa_plan",
+    "numafleet.tuning.host_vars_check",
     "ansible.builtin.include_tasks",
     "ansible.builtin.assert",
     "ansible.builtin.debug",
     "ansible.builtin.fail",
     "ansible.builtin.set_fact",
-    "ansible.builtin.validate_argument_spec",
-    "validate_argument_spec",
 }
 
 
@@ -288,7 +287,14 @@ def test_every_host_has_a_manifest_of_what_it_owns(fleet):
         files = fleet.rendered[host]
         manifest = json.loads(files["etc/numafleet/manifest.json"])
         owned = sorted(path.lstrip("/") for path in manifest["files"])
-        others = HUGEPAGE_FILES | KERNEL_FILES | {"etc/numafleet/manifest.json"}
+        others = (
+            HUGEPAGE_FILES
+            | KERNEL_FILES
+            | {
+                "etc/numafleet/manifest.json",
+                "etc/numafleet/plan.json",  # the recorded plan: never removed, so not listed
+            }
+        )
         # The GPU roles own their files themselves (MPS: its own manifest; MIG: fixed paths).
         gpu_files = {
             p
@@ -460,7 +466,9 @@ def test_mps_daemons_are_rendered_with_their_clients(fleet):
     assert any("set_default_active_thread_percentage 50" in line for line in whole)
     assert any("set_default_device_pinned_mem_limit 0 16384M" in line for line in whole)
     mig = files[f"{UNITS}/nvidia-mps@{MIG_DEVICE_2G}.service.d/50-numafleet.conf"]
-    assert "EXCLUSIVE_PROCESS" not in mig and "CPUAffinity=10,74" in mig
+    # pinned to the node of its GPU (node 0's usable CPUs), not to its one client's CPUs
+    assert "EXCLUSIVE_PROCESS" not in mig and "CPUAffinity=1-31,65-95" in mig
+    assert "CPUAffinity=1-31,65-95" in "\n".join(whole)
     client = _unit(fleet, "gpu-a100-01", "numafleet-rerank-mini-a.service")
     assert f"Requires=nvidia-mps@{MIG_DEVICE_2G}.service" in client
     assert f"After=nvidia-mps@{MIG_DEVICE_2G}.service" in client

@@ -87,6 +87,7 @@ def test_verify_writes_nothing_under_the_render_roots(fleet):
 
 # Actions that run on the controller only; everything else is a module sent to the host.
 CONTROLLER_SIDE = {
+    "numafleet.tuning.host_vars_check",
     "numafleet.tuning.numa_plan",
     "numafleet.tuning.numa_verify",
     "numafleet.tuning.verify_report",

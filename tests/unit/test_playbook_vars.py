@@ -1,9 +1,18 @@
-"""playbooks/vars/roles.yml hands every apply role its inputs from the host variables.
+"""The schema of the host variables, playbooks/vars/roles.yml, the playbooks and the roles agree.
 
 site.yml and drift_check.yml skip the roles' own argument and input checks (tasks_from: apply,
-rolespec_validate: false) because playbooks/tasks/check_inputs.yml checks them all first, against
-the roles' own argument specs: so every role option must be handed over there, and the table that
-names the host variable behind each input (for the messages) must agree with the templates.
+rolespec_validate: false) because playbooks/tasks/check_inputs.yml checks everything first: the
+host variables against the schema (plugins/plugin_utils/_host_vars.py, numafleet.tuning.
+host_vars_check), then the roles' own input checks. That only holds while
+
+- every role option is handed over by roles.yml (from the host variable the schema names, with
+  the schema's default), left to the inventory (the schema's INVENTORY_ROLE_INPUTS), or the plan;
+- the schema's type, choices, default and keys of each host variable are those of the role
+  inputs it feeds (meta/argument_specs.yml);
+- every numafleet_* variable a playbook, a role or an inventory of the repository reads is in the
+  schema, with that playbook among its readers, so that the check never calls it unknown;
+- the schema's keys of the plan's variables are the planner's (placements.py) and its defaults
+  are those of numa_plan and numa_verify.
 """
 
 from __future__ import annotations
@@ -14,22 +23,30 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ansible_collections.numafleet.tuning.plugins.action.numa_plan import (
+    ARGUMENT_SPEC as PLAN_SPEC,
+)
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import placements
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa.verify import (
+    DEFAULT_THRESHOLDS,
+)
+from ansible_collections.numafleet.tuning.plugins.plugin_utils import _host_vars as schema
+
 REPO = Path(__file__).resolve().parents[2]
+PLAYBOOKS = REPO / "playbooks"
 ROLES = ["hugepages", "numa_kernel", "nvidia_mig", "nvidia_mps", "pinned_services"]
-ROLE_VARS = yaml.safe_load((REPO / "playbooks" / "vars" / "roles.yml").read_text(encoding="utf-8"))
-TABLE = ROLE_VARS["__numafleet_host_var_of"]
-# Options the playbooks leave at the role's default (not host variables).
-LEFT_AT_DEFAULT = {
-    "nvidia_mps_gpu_topology",
-    "nvidia_mps_unit_dir",
-    "nvidia_mps_manifest_path",
-    "nvidia_mps_control_path",
-    "nvidia_mps_nvidia_smi_path",
-    "pinned_services_hardening",
-    "pinned_services_unit_dir",
-    "pinned_services_manifest_path",
-}
+ROLE_VARS = yaml.safe_load((PLAYBOOKS / "vars" / "roles.yml").read_text(encoding="utf-8"))
+SOURCES = schema.role_input_sources()
 HOST_VAR = re.compile(r"\{\{\s*(numafleet_\w+)\b")
+# A numafleet_* name that is read: not an attribute (ansible_facts.numafleet_plan), not internal
+# (__numafleet_site_plan), not a file name (numafleet_drift.prom).
+READ = re.compile(r"(?<![\w.])numafleet_[a-z0-9_]+(?![a-z0-9_])(?!\.(?:prom|json|ya?ml|py)\b)")
+DEFAULT = re.compile(r"(?<![\w.])(numafleet_\w+)\s*\|\s*default\(([^()]*)\)")
+# Files each playbook reads host variables through, besides itself.
+SHARED = {
+    schema.SITE: ["vars/roles.yml", "tasks/check_inputs.yml"],
+    schema.DRIFT: ["vars/roles.yml", "tasks/check_inputs.yml"],
+}
 
 
 def _options(role: str) -> dict:
@@ -39,39 +56,166 @@ def _options(role: str) -> dict:
     return spec["argument_specs"]["main"]["options"]
 
 
+ALL_OPTIONS = {name: option for role in ROLES for name, option in _options(role).items()}
+
+
+def _strings(node, messages=True):
+    """Every string (keys and values) of a loaded YAML document; messages=False skips msg:."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if not messages and key in ("msg", "fail_msg", "success_msg"):
+                continue
+            yield from _strings(key, messages)
+            yield from _strings(value, messages)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _strings(item, messages)
+    elif isinstance(node, str):
+        yield node
+
+
+def _read_names(*paths) -> set:
+    names = set()
+    for path in paths:
+        for text in _strings(yaml.safe_load(path.read_text(encoding="utf-8"))):
+            names.update(READ.findall(text))
+    return names - set(schema.FACT_NAMES)
+
+
+def _literal(text: str):
+    """The value of a default() argument written as a literal; ... (Ellipsis) for expressions."""
+    text = text.strip()
+    if text in ("none", "None"):
+        return None
+    if text in ("true", "false", "[]", "{}") or re.fullmatch(r"-?[0-9]+(\.[0-9]+)?", text):
+        return yaml.safe_load(text)
+    if re.fullmatch(r"'[^']*'|\"[^\"]*\"", text):
+        return text[1:-1]
+    return ...
+
+
+# -- roles.yml and the roles ---------------------------------------------------------------------
+
+
 @pytest.mark.parametrize("role", ROLES)
-def test_every_role_option_is_handed_over_or_left_at_its_default(role):
+def test_every_role_option_is_handed_over_left_to_the_inventory_or_the_plan(role):
     options = set(_options(role))
     handed = {name for name in ROLE_VARS if name.startswith(role + "_")}
     assert handed <= options, handed - options
-    assert options - handed == {o for o in options if o in LEFT_AT_DEFAULT}, options - handed
+    left = {name for name in options if name in schema.INVENTORY_ROLE_INPUTS}
+    assert options - handed == left, options - handed
+    assert f"{role}_plan" in handed and f"{role}_plan" in schema.PLAN_INPUTS
+
+
+def test_the_inputs_left_to_the_inventory_are_role_options():
+    assert set(schema.INVENTORY_ROLE_INPUTS) <= set(ALL_OPTIONS)
+    assert not set(schema.INVENTORY_ROLE_INPUTS) & set(ROLE_VARS)
 
 
 def test_every_plan_input_is_the_plan_fact():
     plans = {name: value for name, value in ROLE_VARS.items() if name.endswith("_plan")}
-    assert sorted(plans) == sorted(f"{role}_plan" for role in ROLES)
+    assert sorted(plans) == sorted(schema.PLAN_INPUTS)
     assert set(plans.values()) == {"{{ ansible_facts.numafleet_plan }}"}
 
 
-def test_the_table_names_the_host_variable_of_every_template():
+def test_roles_yml_hands_each_input_the_host_variable_the_schema_names():
     templated = {
         name: HOST_VAR.search(value).group(1)
         for name, value in ROLE_VARS.items()
-        if not name.startswith("__") and not name.endswith("_plan")
+        if not name.startswith("__") and name not in schema.PLAN_INPUTS
     }
-    assert TABLE == templated
+    assert templated == SOURCES
+    assert not [name for name in ROLE_VARS if name.startswith("__")], "no tables in roles.yml"
 
 
-def test_the_table_only_names_role_options():
-    options = set().union(*(_options(role) for role in ROLES))
-    assert set(TABLE) <= options
-    assert all(host_var.startswith("numafleet_") for host_var in TABLE.values())
+@pytest.mark.parametrize("role_input", sorted(SOURCES))
+def test_roles_yml_defaults_are_the_schemas(role_input):
+    (found,) = [m for m in DEFAULT.findall(ROLE_VARS[role_input]) if m[0] == SOURCES[role_input]]
+    assert _literal(found[1]) == schema.BY_NAME[SOURCES[role_input]].default
+
+
+@pytest.mark.parametrize("role_input", sorted(SOURCES))
+def test_the_schema_has_the_argument_spec_of_each_role_input(role_input):
+    var = schema.BY_NAME[SOURCES[role_input]]
+    option = ALL_OPTIONS[role_input]
+    assert var.type == option["type"], role_input
+    assert list(var.choices) == list(option.get("choices", [])), role_input
+    assert var.default == option.get("default"), role_input
+    assert var.elements == option.get("elements"), role_input
+    keys = {key.name: key for key in var.keys}
+    suboptions = option.get("options", {})
+    assert sorted(keys) == sorted(suboptions), role_input
+    for name, sub in suboptions.items():
+        assert keys[name].type == sub["type"], (role_input, name)
+        assert (keys[name].default is schema.REQUIRED) == bool(sub.get("required")), name
+
+
+@pytest.mark.parametrize("role_input", sorted(SOURCES))
+def test_each_role_input_defaults_to_its_specs_default(role_input):
+    role = next(role for role in ROLES if role_input.startswith(role + "_"))
+    defaults = yaml.safe_load((REPO / "roles" / role / "defaults" / "main.yml").read_text("utf-8"))
+    assert defaults[role_input] == ALL_OPTIONS[role_input].get("default")
+
+
+def test_restart_is_the_same_input_of_both_roles():
+    for name in ("pinned_services_restart", "nvidia_mps_restart"):
+        option = ALL_OPTIONS[name]
+        assert option["type"] == "str" and option["choices"] == ["auto", "never"]
+        assert option["default"] == "auto"
+    assert (
+        ALL_OPTIONS["pinned_services_restart"]["description"]
+        == ALL_OPTIONS["nvidia_mps_restart"]["description"]
+    )
+
+
+# -- the playbooks -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("playbook", schema.PLAYBOOKS)
+def test_every_variable_a_playbook_reads_is_in_the_schema_with_that_reader(playbook):
+    files = [PLAYBOOKS / playbook, *(PLAYBOOKS / extra for extra in SHARED.get(playbook, []))]
+    names = _read_names(*files) - set(schema.PLAY_VARIABLES)
+    assert names, playbook
+    unknown = sorted(names - set(schema.BY_NAME))
+    assert not unknown, f"{playbook} reads {unknown}: add them to _host_vars.HOST_VARS"
+    readers = {name for name in names if playbook in schema.BY_NAME[name].used_by}
+    assert names == readers, f"add {playbook} to used_by of {sorted(names - readers)}"
+
+
+@pytest.mark.parametrize("playbook", schema.PLAYBOOKS)
+def test_the_playbooks_defaults_are_the_schemas(playbook):
+    files = [PLAYBOOKS / playbook, *(PLAYBOOKS / extra for extra in SHARED.get(playbook, []))]
+    for path in files:
+        # Messages print unset values their own way (numafleet_render_root | default('')).
+        for text in _strings(yaml.safe_load(path.read_text(encoding="utf-8")), messages=False):
+            for name, argument in DEFAULT.findall(text):
+                value = _literal(argument)
+                if value is not ... and name in schema.BY_NAME:
+                    assert value == schema.BY_NAME[name].default, (path.name, name, argument)
+
+
+def test_the_roles_and_inventories_name_only_known_variables():
+    paths = [
+        *REPO.glob("roles/*/*/*.yml"),
+        *REPO.glob("inventories/**/*.yml"),
+        REPO / "molecule" / "numa_vm" / "molecule.yml",
+    ]
+    unknown = {
+        path.relative_to(REPO).as_posix(): sorted(_read_names(path) - set(schema.BY_NAME))
+        for path in paths
+    }
+    assert not {path: names for path, names in unknown.items() if names}
+
+
+def test_the_play_variables_are_set_by_their_playbook():
+    play = yaml.safe_load((PLAYBOOKS / "drift_check.yml").read_text(encoding="utf-8"))[0]
+    assert set(schema.PLAY_VARIABLES) <= set(play["vars"])
 
 
 @pytest.mark.parametrize("playbook", ["site.yml", "drift_check.yml"])
 def test_the_playbooks_check_every_role_they_import_alone(playbook):
     """A role imported without its own checks must have had them run by check_inputs.yml."""
-    text = (REPO / "playbooks" / playbook).read_text(encoding="utf-8")
+    text = (PLAYBOOKS / playbook).read_text(encoding="utf-8")
     play = yaml.safe_load(text)[0]
     assert play["vars_files"] == ["vars/roles.yml"]
     pre = [task.get("ansible.builtin.import_tasks") for task in play["pre_tasks"]]
@@ -83,7 +227,70 @@ def test_the_playbooks_check_every_role_they_import_alone(playbook):
     ]
     assert sorted(i["name"] for i in imports) == sorted(f"numafleet.tuning.{r}" for r in ROLES)
     assert all(i["tasks_from"] == "apply" and i["rolespec_validate"] is False for i in imports)
-    check = (REPO / "playbooks" / "tasks" / "check_inputs.yml").read_text(encoding="utf-8")
+    # The host variables are checked first, before the facts and the plan (whose guards would
+    # otherwise answer a misspelt numafleet_placements before the "did you mean").
+    first = play["pre_tasks"][0]
+    assert first["numafleet.tuning.host_vars_check"] == {"playbook": playbook}
+    assert first["register"] == "__numafleet_inputs_check"
+
+
+def test_check_inputs_checks_each_role():
+    tasks = yaml.safe_load((PLAYBOOKS / "tasks" / "check_inputs.yml").read_text("utf-8"))
+    # The plan gate of site.yml counts hosts whose __numafleet_inputs_check failed.
+    assert all(task["register"] == "__numafleet_inputs_check" for task in tasks)
+    roles_check = tasks[-1]["vars"]["__numafleet_input_errors"]
     for role in ROLES:
-        assert f"../../roles/{role}/meta/argument_specs.yml" in check
-        assert f"__{role}_input_errors" in check
+        assert f"__{role}_input_errors" in roles_check
+
+
+def test_verify_checks_the_host_variables_before_reading_the_host():
+    tasks = yaml.safe_load((PLAYBOOKS / "verify.yml").read_text("utf-8"))[0]["tasks"]
+    names = [task["name"] for task in tasks]
+    check = names.index("Check the host variables")
+    assert tasks[check]["numafleet.tuning.host_vars_check"] == {"playbook": "verify.yml"}
+    assert check < names.index("Gather NUMA and GPU topology")
+
+
+# -- the plan's variables ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("var", "keys"),
+    [
+        ("numafleet_placements", placements.PLACEMENT_KEYS),
+        ("numafleet_tenants", placements.TENANT_KEYS),
+        ("numafleet_hugepages_extra", placements.HUGEPAGES_EXTRA_KEYS),
+        ("numafleet_mig_gpus", placements.MIG_GPU_KEYS),
+    ],
+)
+def test_the_schema_has_the_planners_keys_in_its_order(var, keys):
+    assert tuple(key.name for key in schema.BY_NAME[var].keys) == keys
+
+
+def test_the_schema_has_the_planners_nested_keys():
+    placement = {key.name: key for key in schema.BY_NAME["numafleet_placements"].keys}
+    assert tuple(key.name for key in placement["hugepages"].keys) == placements.HUGEPAGE_KEYS
+    assert tuple(key.name for key in placement["mps"].keys) == placements.MPS_KEYS
+    mig = {key.name: key for key in schema.BY_NAME["numafleet_mig_gpus"].keys}
+    assert tuple(key.name for key in mig["layout"].keys) == placements.MIG_INSTANCE_KEYS
+    assert mig["mode"].choices == placements.MIG_MODES
+    assert placement["cpus"].default is schema.REQUIRED
+    assert placement["name"].default is schema.REQUIRED
+
+
+def test_the_plan_and_verify_defaults_are_the_schemas():
+    for option, var in (
+        ("placements", "numafleet_placements"),
+        ("tenants", "numafleet_tenants"),
+        ("reserved_cpus", "numafleet_reserved_cpus"),
+        ("memory_headroom_pct", "numafleet_memory_headroom_pct"),
+        ("hugepages_extra", "numafleet_hugepages_extra"),
+        ("mig_gpus", "numafleet_mig_gpus"),
+    ):
+        assert PLAN_SPEC[option]["default"] == schema.BY_NAME[var].default, option
+        assert schema.BY_NAME[var].checked_by == "numafleet.tuning.numa_plan", var
+    assert schema.BY_NAME["numafleet_memory_headroom_pct"].default == (
+        placements.DEFAULT_HEADROOM_PCT
+    )
+    for threshold, value in DEFAULT_THRESHOLDS.items():
+        assert schema.BY_NAME[f"numafleet_{threshold}"].default == value

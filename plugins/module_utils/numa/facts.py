@@ -3,7 +3,8 @@
 
 gather_facts() is numa_facts' one run: ansible_facts.numa, and on request the host's GPUs
 (ansible_facts.gpu_topology, as gpu_topology_facts gives it) and which of the collection's state
-files exist (ansible_facts.numafleet_state_paths), so that a play needs one module execution.
+files exist (ansible_facts.numafleet_state_paths) and what the last apply recorded
+(ansible_facts.numafleet_recorded), so that a play needs one module execution.
 """
 
 from __future__ import annotations
@@ -69,6 +70,12 @@ def gather_facts(
     again, and its warnings are only the GPU pass's own, as gpu_topology_facts reports them.
     """
     state_paths = check_state_paths(params.get("state_paths") or [])
+    recorded_root = params.get("recorded_root")
+    if recorded_root is not None and not os.path.isabs(recorded_root):
+        raise StatePathError(
+            f"recorded_root: {recorded_root!r} is not an absolute path; give / (the host) or "
+            "the absolute render root"
+        )
     reader = Reader(params["sysfs_root"], params["procfs_root"], remember=bool(params.get("gpu")))
     facts = {"numa": read_numa_facts(reader)}
     written = False
@@ -88,4 +95,8 @@ def gather_facts(
         )
     if state_paths:
         facts["numafleet_state_paths"] = read_state_paths(state_paths)
+    if recorded_root is not None:
+        from .recorded import read_recorded
+
+        facts["numafleet_recorded"] = read_recorded(recorded_root)
     return facts, written

@@ -1,9 +1,9 @@
 # Private to this collection: may change in any release.
 """Where a planned service's memory really is: numa_maps, binding, cgroup PIDs, numastat, perf.
 
-DESIGN.md section 5 defines the metrics. Everything here reads host files through roots given
-as arguments (``procfs_root``, ``sysfs_root``, ``cgroup_root``) or parses text; a command
-(``perf``) is run only by the caller, through a ``run_perf`` callable.
+docs/architecture.md ("Verify: metrics and checks") defines the metrics. Everything here reads
+host files through roots given as arguments (``procfs_root``, ``sysfs_root``, ``cgroup_root``)
+or parses text; a command (``perf``) is run only by the caller, through a ``run_perf`` callable.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ ROOT_FIX = "Run the module as root (become: true): numa_maps of other users' pro
 
 @dataclass(frozen=True)
 class NumaMaps:
-    """Resident kB per node of one process, split as DESIGN.md section 5 counts them."""
+    """Resident kB per node of one process: anonymous, hugetlb and file-backed, counted apart."""
 
     anon_kb_by_node: dict = field(default_factory=dict)
     huge_kb_by_node: dict = field(default_factory=dict)

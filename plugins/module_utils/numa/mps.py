@@ -289,9 +289,10 @@ def render_template(header: list[str], control: str) -> str:
 def render_dropin(daemon: Daemon, header: list[str], control: str, nvidia_smi: str) -> str:
     """Text of ``nvidia-mps@<instance>.service.d/50-numafleet.conf`` for ``daemon``."""
     what = f"MPS daemon {daemon.unit}"
-    clients = ", ".join(daemon.clients) or "none"
+    # No client names here: adding or removing a client must not change (and so restart) the
+    # daemon, which would restart every other client through their Requires=.
     device = "MIG device" if daemon.mig else "GPU"
-    description = f"NVIDIA CUDA MPS control daemon, {device} {daemon.instance} (clients: {clients})"
+    description = f"NVIDIA CUDA MPS control daemon, {device} {daemon.instance}"
     unit = [("Description", escape_specifiers(description, f"{what}.clients"))]
     cpus, mems = format_cpulist(list(daemon.cpus)), format_cpulist(list(daemon.mems))
     service = []

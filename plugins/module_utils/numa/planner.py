@@ -2,7 +2,9 @@
 """The planner: host facts + placements -> the plan (fact numafleet_plan). Pure, no I/O.
 
 Greedy in declaration order: each placement takes what it needs from what earlier ones left,
-so appending a placement never moves an earlier one. See DESIGN.md §3 for the plan's meaning.
+so appending a placement never moves an earlier one. With the plan applied last (recorded on the
+host), placements whose request did not change are committed first on their recorded resources,
+so editing, reordering or removing one placement never moves another. See docs/architecture.md, "The plan".
 """
 
 from __future__ import annotations
@@ -171,6 +173,26 @@ class _Gpu:
                     return slot[0], slot[1], None, False
             return None
         for start, size in self.mig_profiles.get(profile) or ():
+            end = start + size
+            if all(end <= s or start >= s + z for s, z, *dummy in self.slots):
+                return start, size, None, False
+        return None
+
+    def mig_pick_at(self, profile: str, start: int) -> Optional[tuple]:
+        """mig_pick for the instance at start only (a kept placement's slot), or None."""
+        for slot_start, size, name, uuid in self.mig_existing:
+            if slot_start == start:
+                if name == profile and start not in self.claimed:
+                    return start, size, uuid, True
+                return None
+        if self.mig_declared is not None and self.mig_declared.layout is not None:
+            for slot in self.slots:
+                if slot[0] == start and slot[2] == profile and not slot[5] and slot[4] is None:
+                    return slot[0], slot[1], None, False
+            return None
+        for slot_start, size in self.mig_profiles.get(profile) or ():
+            if slot_start != start:
+                continue
             end = start + size
             if all(end <= s or start >= s + z for s, z, *dummy in self.slots):
                 return start, size, None, False
@@ -693,6 +715,9 @@ class _Planner:
         self.warnings: list = []
         # placement index -> (PCI device of near:, whether node: was written too)
         self.anchors: dict = {}
+        # placement name -> "kept", "new", or why it was planned again (stable plans)
+        self.keep: dict = {}
+        self.requests: dict = {}  # placement index -> placement_request(p)
 
     # -- request checks against the facts --------------------------------------------------
 
@@ -1383,7 +1408,8 @@ class _Planner:
 
     # -- commit ----------------------------------------------------------------------------
 
-    def _place(self, p) -> dict:
+    def _place(self, p, prefer: Optional[int] = None) -> dict:
+        """Plan p; prefer: the node it ran on (a changed placement stays there if it fits)."""
         state = self.state
         warnings: list = []
         if p.near is not None:  # a node pin derived from the device: planned as node: <its node>
@@ -1411,7 +1437,11 @@ class _Planner:
             nodes = [listed[0].cpu_node]
         else:
             nodes = state.cpu_nodes
-        fit = self._single(p, nodes, listed, False)
+        fit = None
+        if prefer is not None and prefer in nodes and len(nodes) > 1:
+            fit = self._single(p, [prefer], listed, False)
+        if fit is None:
+            fit = self._single(p, nodes, listed, False)
         needs_gpu = bool(p.gpu_count or p.mig_profile)
         if fit is None and needs_gpu and not listed:
             fit = self._single(p, nodes, listed, True)
@@ -1438,8 +1468,9 @@ class _Planner:
 
     def _commit(self, p, fit: _Fit, warnings: list) -> dict:
         state = self.state
-        if p.cpu_list is not None:
-            cpus = list(p.cpu_list)
+        explicit = p.cpu_list if p.cpu_list is not None else fit.cpus
+        if explicit is not None:
+            cpus = list(explicit)
             pinned = set(cpus)
             for cpu in cpus:
                 state.planned_cpus.setdefault(state.cpu_node[cpu], []).append(cpu)
@@ -1535,6 +1566,7 @@ class _Planner:
             "cpus": cpus,
             "cpus_requested": p.cpu_count,
             "mems": fit.mems,
+            "memory_node": fit.mem_node,
             "memory_kb": p.memory_kb,
             "hugepages": hugepages,
             "gpus": gpus_out,
@@ -1542,6 +1574,8 @@ class _Planner:
             "mps": mps_out,
             "environment": dict(sorted(environment.items())) if environment else {},
             "hardening": p.hardening,
+            # as written (p may carry the node of its near: device by now)
+            "request": self.requests.get(p.index) or placement_request(p),
             "warnings": warnings,
         }
 
@@ -1689,9 +1723,121 @@ class _Planner:
 
     # -- the plan --------------------------------------------------------------------------
 
-    def run(self) -> None:
+    def run(self, recorded: Optional[dict] = None) -> None:
+        """Plan every placement; with a recorded plan, unchanged ones keep their resources first.
+
+        recorded: name -> the placement's entry of the plan applied last (see parse_recorded).
+        Kept placements are committed before any other, in declaration order; new, changed and
+        no longer fitting ones are then planned around them, in declaration order. self.keep
+        records, per name, "kept" or the reason it was planned again.
+        """
+        todo = []
         for p in self.placements:
-            self.out.append(self._place(p))
+            self.requests[p.index] = placement_request(p)
+            old = (recorded or {}).get(p.name)
+            if old is None:
+                self.keep[p.name] = "new"
+                todo.append(p)
+                continue
+            changed = _request_change(old.get("request"), self.requests[p.index])
+            if changed:
+                self.keep[p.name] = f"its request changed ({changed})"
+                todo.append(p)
+                continue
+            reason = self._keep(p, old)
+            if reason is None:
+                self.keep[p.name] = "kept"
+            else:
+                self.keep[p.name] = reason
+                todo.append(p)
+        for p in todo:
+            old = (recorded or {}).get(p.name)
+            self.out.append(self._place(p, old["nodes"][0] if old and old.get("nodes") else None))
+        self.out.sort(key=itemgetter("index"))
+
+    # -- kept placements -------------------------------------------------------------------
+
+    def _keep(self, p, old: dict) -> Optional[str]:
+        """Commit p on the resources of its recorded entry old; the reason it cannot, or None."""
+        state = self.state
+        if p.near is not None:
+            p = self._anchor(p)
+        listed = self._listed_gpus(p) if p.gpu_ids else []
+        nodes = list(old["nodes"])
+        if p.node is not None and nodes[0] != p.node:
+            return f"its recorded node {nodes[0]} is not node {p.node}"
+        cpus = old["cpus"]
+        for cpu in cpus:
+            node = state.cpu_node.get(cpu)
+            if node is None:
+                return f"its CPU {cpu} no longer exists"
+            if cpu in state.offline or cpu not in state.online:
+                return f"its CPU {cpu} is offline"
+            if cpu in state.reserved:
+                return f"its CPU {cpu} is now in {RESERVED_VAR}"
+            if cpu in state.isolated and p.cpu_list is None:
+                return f"its CPU {cpu} is now isolated"
+            if cpu in state.taken_cpus:
+                return f"its CPU {cpu} is pinned by another placement"
+            if node not in nodes:
+                return f"its CPU {cpu} is now on node {node}, not on node {nodes[0]}"
+        warnings: list = []
+        if p.cpu_list is not None:
+            self._explicit_cpus(p, warnings)
+        elif len(cpus) < p.cpu_count:
+            return f"it recorded {len(cpus)} CPUs for cpus: {p.cpu_count}"
+        mem_node = old.get("memory_node")
+        if mem_node is None:
+            hugepages = old.get("hugepages")
+            mem_node = hugepages["node"] if hugepages else old["mems"][0]
+        if mem_node not in state.budget:
+            return f"its memory node {mem_node} has no memory now"
+        hp_kb = 0
+        if p.hugepages is not None:
+            if p.hugepages.size_kb not in state.hp_sizes[mem_node]:
+                return f"node {mem_node} no longer offers {format_kb(p.hugepages.size_kb)} pages"
+            hp_kb = p.hugepages.size_kb * p.hugepages.count
+        if state.used_kb[mem_node] + p.memory_kb + hp_kb > state.budget[mem_node]:
+            return f"its memory no longer fits the budget of node {mem_node}"
+        fit = _Fit()
+        fit.nodes = nodes
+        fit.cpus = tuple(cpus)
+        fit.mem_node = mem_node
+        fit.mems = list(old["mems"])
+        fit.spans = bool(old.get("spans"))
+        for entry in old["gpus"]:
+            gpu = state.gpu_by_id.get(entry["address"])
+            if gpu is None:
+                return f"its GPU {entry['address']} is gone"
+            if listed and gpu not in listed:
+                return f"its GPU {entry['address']} is not listed in gpus"
+            mig = entry.get("mig")
+            if mig is not None:
+                if not gpu.mig_capable or p.mig_profile is None:
+                    return f"GPU {gpu.address} no longer serves MIG instances"
+                pick = gpu.mig_pick_at(p.mig_profile, mig["placement_start"])
+                if pick is None:
+                    return (
+                        f"its MIG slot {p.mig_profile}@{mig['placement_start']} of GPU "
+                        f"{gpu.address} is no longer free"
+                    )
+                fit.mig = pick
+            elif gpu.mig_capable or gpu.mig_leaving or gpu.mig_mode == "enabled":
+                return f"GPU {gpu.address} is now in MIG mode"
+            elif entry.get("shared_mps"):
+                if gpu.use not in (None, "mps"):
+                    return f"GPU {gpu.address} is now given whole to another placement"
+                if p.mps is None or not gpu.mps_room(p.mps.pinned_memory_limit_kb or 0):
+                    return f"GPU {gpu.address} has no room left for its MPS share"
+            elif gpu.use is not None:
+                return f"GPU {gpu.address} is now used by {', '.join(gpu.placements)}"
+            fit.gpus.append(gpu)
+        if fit.spans:
+            warnings.append(
+                f"spans NUMA nodes {', '.join(str(n) for n in nodes)} (kept from the recorded plan)"
+            )
+        self.out.append(self._commit(p, fit, warnings))
+        return None
 
 
 def _gpus_out(state: _Host) -> tuple:
@@ -1812,11 +1958,17 @@ def _mig_daemons(plan_placements: list) -> list:
     return daemons
 
 
-def _daemon_details(host: str, daemons: list, entries: list, parsed: list, gpus: list) -> None:
+def _daemon_details(
+    host: str, daemons: list, entries: list, parsed: list, gpus: list, state: _Host
+) -> None:
     """Add unit, instance, node, CPUs, memory nodes, user and limits to each MPS daemon entry.
 
     A daemon serves its clients only when they run as the user it runs as (its pipe directory is
     0700), so the clients of one daemon must share one user; raises PlacementError otherwise.
+    The daemon runs on the usable CPUs of its GPU's node (of its first client's node when the
+    GPU's node is unknown or has no CPUs) and binds memory to that node's nearest memory node:
+    not on the union of its clients' CPUs, so that adding, removing or resizing one client does
+    not change the daemon's unit and restart, through Requires=, every other client.
     """
     if not daemons:
         return
@@ -1843,20 +1995,119 @@ def _daemon_details(host: str, daemons: list, entries: list, parsed: list, gpus:
             if c["mps"] and c["mps"]["pinned_memory_limit_kb"] is not None
         ]
         instance = daemon["device_uuid"]
+        gpu = state.gpu_by_id.get(daemon["gpu_address"])
+        node = gpu.cpu_node if gpu is not None and gpu.cpu_node in state.usable else None
+        if node is None:
+            node = clients[0]["node"]
         daemon.update(
             {
                 "instance": instance,
                 "unit": f"nvidia-mps@{instance}.service" if instance else None,
                 "gpu_uuid": gpu_uuid.get(daemon["gpu_address"]),
                 "mig": mig,
-                "node": clients[0]["node"],
-                "cpus": sorted({cpu for c in clients for cpu in c["cpus"]}),
-                "mems": sorted({node for c in clients for node in c["mems"]}),
+                "node": node,
+                "cpus": list(state.usable.get(node) or clients[0]["cpus"]),
+                "mems": state.near_mem[node][:1] or list(clients[0]["mems"]),
                 "user": clients[0]["user"],
                 "group": clients[0]["group"],
                 "pinned_memory_limit_kb": max(pinned) if pinned else None,
             }
         )
+
+
+def placement_request(p) -> dict:
+    """What a placement asks for in resources (JSON-ready); a kept placement's must not change.
+
+    Only the keys that decide where it runs: cpus (count or list), gpus (count or list),
+    memory_kb, hugepages, node, near, mig_profile, MPS share and allow_span. exec, environment,
+    user, tenant and the like change the unit, not the placement.
+    """
+    return {
+        "cpus": list(p.cpu_list) if p.cpu_list is not None else p.cpu_count,
+        "gpus": list(p.gpu_ids) if p.gpu_ids else p.gpu_count,
+        "memory_kb": p.memory_kb,
+        "hugepages": (
+            None
+            if p.hugepages is None
+            else {"size_kb": p.hugepages.size_kb, "count": p.hugepages.count}
+        ),
+        "node": p.node,
+        "near": p.near,
+        "mig_profile": p.mig_profile,
+        "mps": p.mps is not None,
+        "mps_pinned_memory_limit_kb": None if p.mps is None else p.mps.pinned_memory_limit_kb,
+        "allow_span": p.allow_span,
+    }
+
+
+def _request_change(old: Optional[dict], new: dict) -> str:
+    """'' when old equals new, else the changed keys as 'cpus 4 -> 8, memory_kb ...'."""
+    if old == new:
+        return ""
+    if not isinstance(old, dict):
+        return "no request was recorded"
+    return ", ".join(
+        f"{key} {old.get(key)!r} -> {new[key]!r}".replace("'", "")
+        for key in new
+        if old.get(key) != new[key]
+    )
+
+
+_RECORDED_FIX = (
+    "move the file away, or set numafleet_repack: true for this host to plan every placement "
+    "from scratch (placements may then move)"
+)
+
+
+def parse_recorded(host: str, recorded: Optional[dict], path: str) -> Optional[dict]:
+    """name -> placement entry of the recorded plan (None when there is none); raises PlanError.
+
+    recorded: ansible_facts.numafleet_recorded (numa_facts option recorded_plan): ``state``
+    (absent, present or invalid), ``plan`` (the parsed file) and ``error``. A file that is not
+    a plan of this collection for this host, or one in which a placement lacks its resources,
+    is refused with the path and the fix: it is never trusted blindly.
+    """
+    if not recorded or recorded.get("state") in (None, "absent"):
+        return None
+
+    def refuse(why: str) -> PlanError:
+        return PlanError(host, f"the recorded plan {path} {why}; {_RECORDED_FIX}")
+
+    if recorded.get("state") != "present":
+        raise refuse(recorded.get("error") or "cannot be read")
+    plan = recorded.get("plan")
+    if not isinstance(plan, dict) or not isinstance(plan.get("placements"), list):
+        raise refuse("is not a plan of numafleet.tuning (no placements list)")
+    if plan.get("version") != PLAN_VERSION:
+        raise refuse(f"has plan version {plan.get('version')!r}, not {PLAN_VERSION}")
+    if plan.get("host") != host:
+        raise refuse(f"was recorded for host {plan.get('host')!r}, not {host}")
+    out = {}
+    for position, entry in enumerate(plan["placements"]):
+        name = entry.get("name") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or name in out:
+            raise refuse(f"has a bad or repeated name at placements[{position}]")
+        ok = (
+            _int_list(entry.get("cpus"))
+            and _int_list(entry.get("nodes"))
+            and entry["nodes"]
+            and _int_list(entry.get("mems"))
+            and entry["mems"]
+            and isinstance(entry.get("gpus"), list)
+            and all(
+                isinstance(g, dict) and isinstance(g.get("address"), str) for g in entry["gpus"]
+            )
+        )
+        if not ok:
+            raise refuse(f"has a placement {name} without valid cpus, nodes, mems or gpus")
+        out[name] = entry
+    return out
+
+
+def _int_list(value) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(item, int) and not isinstance(item, bool) for item in value
+    )
 
 
 def _size_text(kb: int) -> str:
@@ -1901,13 +2152,25 @@ def _check_tenant_memory(host: str, tenants: list, placements: list) -> None:
 
 
 def plan_host(
-    host, numa, gpu_topology, placements, tenants, policy, hugepages_extra=None, mig_gpus=None
+    host,
+    numa,
+    gpu_topology,
+    placements,
+    tenants,
+    policy,
+    hugepages_extra=None,
+    mig_gpus=None,
+    recorded=None,
 ) -> dict:
     """The plan (fact numafleet_plan) of one host; raises PlanError (PlacementError for bad vars).
 
     hugepages_extra (numafleet_hugepages_extra, also read from policy["hugepages_extra"] when not
     given) are pages wanted outside the placements: they are reserved on their node before any
     placement is planned, count against its memory budget, and are part of nodes[].hugepages.
+    recorded (parse_recorded: name -> entry of the plan applied last, or None to plan from
+    scratch) makes the plan stable: a placement whose request did not change keeps its node,
+    CPUs, memory nodes, GPUs, MIG slot and MPS share while they still exist and fit; the plan's
+    ``stability`` says, per placement, "kept", "new" or why it was planned again.
     """
     if hugepages_extra is None:
         hugepages_extra = (policy or {}).get("hugepages_extra")
@@ -1924,7 +2187,7 @@ def plan_host(
     state.reserve_extra(parsed_extra)
     slices = {tenant.name: slice_name(tenant.name) for tenant in parsed_tenants}
     planner = _Planner(state, parsed, slices)
-    planner.run()
+    planner.run(recorded)
     tenants_out = []
     for tenant in sorted(parsed_tenants, key=lambda t: t.name):
         members = [entry for entry in planner.out if entry["tenant"] == tenant.name]
@@ -1970,7 +2233,7 @@ def plan_host(
     gpus_out, daemons = _gpus_out(state)
     daemons.extend(_mig_daemons(planner.out))
     daemons.sort(key=lambda d: (d["gpu_address"], d["pipe_dir"]))
-    _daemon_details(host, daemons, planner.out, parsed, gpus_out)
+    _daemon_details(host, daemons, planner.out, parsed, gpus_out, state)
     return {
         "version": PLAN_VERSION,
         "host": host,
@@ -1982,8 +2245,23 @@ def plan_host(
         "gpus": gpus_out,
         "mps_daemons": daemons,
         "mig_gpus": _mig_gpus_out(gpus_out),
+        "stability": dict(sorted(planner.keep.items())),
         "warnings": planner.warnings,
     }
+
+
+def placement_text(entry: dict) -> str:
+    """Where a plan entry runs: 'node1 cpus 32-39 gpus b1:00.0,ca:00.0', ' mig 1g.10gb@2', ' mps'."""
+    nodes = "+".join(str(n) for n in entry["nodes"])
+    text = f"node{nodes} cpus {format_cpulist(entry['cpus'])}"
+    if entry["gpus"]:
+        text += " gpus " + ",".join(_short_address(g["address"]) for g in entry["gpus"])
+        mig = entry["gpus"][0]["mig"]
+        if mig is not None:
+            text += f" mig {mig['profile']}@{mig['placement_start']}"
+        if entry["mps"] is not None:
+            text += " mps"
+    return text
 
 
 def plan_summary(plan: dict) -> str:
@@ -1994,15 +2272,7 @@ def plan_summary(plan: dict) -> str:
     placements = plan.get("placements") or []
     parts = []
     for entry in placements:
-        nodes = "+".join(str(n) for n in entry["nodes"])
-        text = f"{entry['name']} node{nodes} cpus {format_cpulist(entry['cpus'])}"
-        if entry["gpus"]:
-            text += " gpus " + ",".join(_short_address(g["address"]) for g in entry["gpus"])
-            mig = entry["gpus"][0]["mig"]
-            if mig is not None:
-                text += f" mig {mig['profile']}@{mig['placement_start']}"
-            if entry["mps"] is not None:
-                text += " mps"
+        text = f"{entry['name']} {placement_text(entry)}"
         near = entry.get("near")
         if near:
             text += f" near {_short_address(near['address'])}"
@@ -2017,4 +2287,4 @@ def plan_summary(plan: dict) -> str:
     return line
 
 
-__all__ = ["PLACEMENTS_VAR", "plan_host", "plan_summary"]
+__all__ = ["PLACEMENTS_VAR", "parse_recorded", "placement_request", "plan_host", "plan_summary"]

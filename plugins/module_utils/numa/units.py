@@ -24,6 +24,11 @@ from .files import write_atomic
 DEFAULT_HEADER = "# Managed by numafleet.tuning"
 DEFAULT_UNIT_DIR = "/etc/systemd/system"
 DEFAULT_MANIFEST_PATH = "/etc/numafleet/manifest.json"
+# The plan applied last, read back by numa_facts (recorded_root) so the next plan keeps it.
+DEFAULT_PLAN_PATH = "/etc/numafleet/plan.json"
+# Plan keys not recorded: they describe this run, not the placements (a second run would
+# otherwise always rewrite the file).
+_UNRECORDED_PLAN_KEYS = ("stability",)
 DROPIN_NAME = "50-numafleet.conf"
 DEFAULT_SLICE = "numafleet.slice"
 MANIFEST_VERSION = 1
@@ -694,6 +699,20 @@ def plan_manifest(manifest: Manifest, desired: dict[str, str]) -> Optional[FileC
         return FileChange(manifest.path, "create", None, after) if desired else None
     state = "unchanged" if manifest.text == after else "update"
     return FileChange(manifest.path, state, manifest.text, after)
+
+
+def plan_record_text(plan: dict) -> str:
+    """The text of the recorded plan file: the plan as JSON, keys sorted, without stability."""
+    kept = {key: value for key, value in plan.items() if key not in _UNRECORDED_PLAN_KEYS}
+    return json.dumps(kept, indent=1, sort_keys=True) + "\n"
+
+
+def plan_record_change(root: str, path: str, plan: dict) -> FileChange:
+    """The change of the recorded plan file at ``path`` below ``root``; raises UnitFileError."""
+    before = _read_text(root, path)
+    after = plan_record_text(plan)
+    state = "create" if before is None else "unchanged" if before == after else "update"
+    return FileChange(path, state, before, after)
 
 
 def _write_atomic(real: str, text: str) -> None:

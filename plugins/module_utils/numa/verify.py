@@ -4,7 +4,7 @@
 A check is one verdict on one subject (a service or ``nodeN``) of one host: ``pass``, ``fail``,
 ``warn`` or ``skipped``. Skipped means "could not be checked" and never counts as passed.
 
-Rules (DESIGN.md §5):
+Rules (docs/architecture.md, "Verify: metrics and checks"):
 
 - ``running``: the unit's cgroup has processes.
 - ``cpus_binding`` / ``mems_binding``: every process's ``Cpus_allowed_list`` / ``Mems_allowed_list``

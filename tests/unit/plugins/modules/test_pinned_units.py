@@ -109,8 +109,10 @@ def test_check_mode_writes_nothing(run_module, scratch, systemctl):
     ]
     assert result["ran"] == [] and result["handler_restart"] == [] and result["handler_start"] == []
     assert result["handler_try_restart"] == []
-    assert [f["state"] for f in result["files"]] == ["create"] * 5
-    assert result["files"][-1]["path"] == "/etc/numafleet/manifest.json"
+    # four units, the manifest and the recorded plan
+    assert [f["state"] for f in result["files"]] == ["create"] * 6
+    assert result["files"][-1]["path"] == "/etc/numafleet/plan.json"
+    assert result["files"][-2]["path"] == "/etc/numafleet/manifest.json"
     diff = result["diff"]
     assert [d["after_header"] for d in diff] == [f["path"] for f in result["files"]]
     assert all(set(d) == {"before_header", "after_header", "before", "after"} for d in diff)

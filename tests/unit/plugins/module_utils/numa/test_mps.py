@@ -99,7 +99,7 @@ GOLDEN_DROPIN = f"""\
 # Managed by numafleet.tuning
 
 [Unit]
-Description=NVIDIA CUDA MPS control daemon, GPU {GPU} (clients: rerank-a, rerank-b)
+Description=NVIDIA CUDA MPS control daemon, GPU {GPU}
 
 [Service]
 User=tei
@@ -128,7 +128,8 @@ def test_mig_device_gets_no_compute_mode_and_no_unset_settings():
     assert "nvidia-smi" not in text and "EXCLUSIVE_PROCESS" not in text
     assert "ExecStartPost" not in text and "User=" not in text
     assert "Group=video\nCPUAffinity=8-9\n" in text
-    assert f"MIG device {MIG} (clients: embed)" in text
+    assert f"Description=NVIDIA CUDA MPS control daemon, MIG device {MIG}\n" in text
+    assert "embed" not in text  # no client names: a new client must not change the daemon
 
 
 def test_no_daemons_no_files():

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import trees  # tests/unit/fixtures/trees.py (on sys.path through tests/unit/conftest.py)
+from synthetic_hosts import synthetic, synthetic_gpu  # tests/unit/synthetic_hosts.py
 
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa import gpu, units
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import (
@@ -67,72 +68,6 @@ def by_name(result: dict) -> dict:
 
 def addresses(entry: dict) -> list:
     return [g["address"] for g in entry["gpus"]]
-
-
-def synthetic(
-    cpus_per_node=(4, 4),
-    mem_gb=(16, 16),
-    smt=2,
-    distances=None,
-    isolated=(),
-    offline=(),
-    hugepage_sizes=(2048, 1048576),
-):
-    """Small numa facts: node i has cpus_per_node[i] CPUs (0 = memory-only) and mem_gb[i] GiB.
-
-    CPUs are numbered node by node; SMT siblings are CPU c and c + half of the node's CPUs.
-    """
-    nodes, per_cpu, first = [], [], 0
-    count = len(cpus_per_node)
-    for nid, (ncpu, gb) in enumerate(zip(cpus_per_node, mem_gb, strict=True)):
-        cpus = list(range(first, first + ncpu))
-        first += ncpu
-        kind = {(True, True): "cpu+memory", (True, False): "cpu-only"}.get(
-            (bool(ncpu), bool(gb)), "memory-only" if gb else "empty"
-        )
-        row = distances[nid] if distances else [10 if o == nid else 20 for o in range(count)]
-        nodes.append(
-            {
-                "id": nid,
-                "kind": kind,
-                "cpus": cpus,
-                "memory_kb": gb << 20,
-                "distances": row,
-                "hugepages": [{"size_kb": size} for size in hugepage_sizes],
-            }
-        )
-        half = max(ncpu // smt, 1)
-        for position, cpu in enumerate(cpus):
-            core = position % half
-            siblings = [c for i, c in enumerate(cpus) if i % half == core] if smt > 1 else [cpu]
-            per_cpu.append(
-                {"id": cpu, "node": nid, "online": cpu not in offline, "siblings": siblings}
-            )
-    every = list(range(first))
-    return {
-        "node_ids": list(range(count)),
-        "nodes": nodes,
-        "cpus": {
-            "online": [c for c in every if c not in offline],
-            "offline": sorted(offline),
-            "isolated": sorted(isolated),
-        },
-        "per_cpu": per_cpu,
-    }
-
-
-def synthetic_gpu(address, node, switch=None, peers=(), uuid=None, memory_mib=81920, mig=None):
-    return {
-        "address": address,
-        "uuid": uuid or f"GPU-{address.replace(':', '').replace('.', '')}",
-        "node": node,
-        "numa_node": node,
-        "vendor": "nvidia",
-        "switch": switch,
-        "nvlink_peers": list(peers),
-        "memory_total_mib": memory_mib,
-        "mig": mig,
-    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -713,7 +648,9 @@ def test_mps_clients_share_a_gpu_and_one_daemon(machine_facts):
             "gpu_uuid": uuid,
             "mig": False,
             "node": a["node"],
-            "cpus": sorted(a["cpus"] + b["cpus"]),
+            # the usable CPUs of the GPU's node, not the clients' union: a client's change
+            # must not change (and restart) the daemon
+            "cpus": next(n for n in result["nodes"] if n["id"] == a["node"])["cpus_usable"],
             "mems": a["mems"],
             "user": None,
             "group": None,
@@ -831,13 +768,14 @@ def test_plan_shape_and_summary(machine_facts):
         "gpus",
         "mps_daemons",
         "mig_gpus",
+        "stability",
         "warnings",
     ]
     assert list(result["placements"][0]) == [
         "name", "index", "unit", "unit_kind", "exec", "argv", "description", "user", "group",
         "tenant", "slice", "node", "nodes", "spans", "near", "cpus", "cpus_requested", "mems",
-        "memory_kb", "hugepages", "gpus", "cuda_visible_devices", "mps", "environment",
-        "hardening", "warnings",
+        "memory_node", "memory_kb", "hugepages", "gpus", "cuda_visible_devices", "mps",
+        "environment", "hardening", "request", "warnings",
     ]  # fmt: skip
     assert list(result["nodes"][0]) == [
         "id", "kind", "memory_kb", "budget_kb", "planned_memory_kb", "cpus_usable",
@@ -1370,7 +1308,8 @@ def test_near_plans_the_placement_as_node_of_the_device(machine_facts, near, kin
     assert (entry["node"], entry["nodes"], entry["mems"]) == (0, [0], [0])
     assert entry["cpus"] == [0, 1, 2, 3, 64, 65, 66, 67]
     # exactly what node: 0 gives, apart from the near entry
-    assert _without(entry, "near") == _without(by_name(pinned)["d"], "near")
+    assert _without(entry, "near", "request") == _without(by_name(pinned)["d"], "near", "request")
+    assert (entry["request"]["near"], entry["request"]["node"]) == (near.lower(), None)
     assert by_name(pinned)["d"]["near"] is None
     assert _without(anchored, "placements") == _without(pinned, "placements")
     assert plan_summary(anchored) == (

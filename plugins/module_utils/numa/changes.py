@@ -1,0 +1,314 @@
+# Private to this collection: may change in any release.
+"""The change plan of one host: what an apply will add, move, remove, start, restart and stop.
+
+change_plan() runs on the controller after planning and before any host is changed. It compares
+the plan recorded by the last apply (ansible_facts.numafleet_recorded.plan) with the new plan,
+and the digests of the files the last apply wrote (ansible_facts.numafleet_recorded.files) with
+the files the new plan renders (units.render_files, mps.render_files), so it names exactly the
+units whose files change. It adds what systemd does by itself: a unit that is restarted or
+stopped takes with it every unit whose files say Requires=, BindsTo= or PartOf= on it
+(systemd.unit(5)), transitively. It also guards the blast radius: removing every managed unit of
+a host, or more than max_removals, is refused unless allowed. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from . import mps, units
+from .planner import placement_text
+from .recorded import MANIFEST_PATHS, digest
+from .units import FileChange, unit_of
+
+# systemd.unit(5): a unit listing one of these on X is stopped or restarted with X.
+PROPAGATING = ("Requires", "BindsTo", "PartOf")
+MIG_LAYOUT_OWNER = "numafleet.tuning.nvidia_mig"
+
+
+def file_changes(desired: dict, recorded: dict, owned) -> list:
+    """FileChange per path (texts left None) from desired texts and recorded digests.
+
+    recorded maps a host path to the sha256 digest read there (None: absent); owned are the
+    paths the last apply wrote. A desired path is created, updated or unchanged; an owned path
+    no longer desired and still present is removed.
+    """
+    changes = []
+    for path in sorted(set(desired) | set(owned)):
+        before = recorded.get(path)
+        if path in desired:
+            if before is None:
+                state = "create"
+            else:
+                state = "unchanged" if before == digest(desired[path]) else "update"
+            changes.append(FileChange(path, state, None, None))
+        elif before is not None:
+            changes.append(FileChange(path, "remove", None, None))
+    return changes
+
+
+def dependents(texts: dict) -> dict:
+    """{unit: sorted [(dependent unit, key)]} from the Requires=/BindsTo=/PartOf= of unit files.
+
+    texts maps a unit file or drop-in path to its text; every assignment of the keys counts
+    (values are space-separated unit names).
+    """
+    found: dict = {}
+    for path, text in texts.items():
+        owner = unit_of(path)
+        for line in text.splitlines():
+            key, sep, value = line.partition("=")
+            if not sep or key.strip() not in PROPAGATING:
+                continue
+            for target in value.split():
+                found.setdefault(target, set()).add((owner, key.strip()))
+    return {unit: sorted(pairs) for unit, pairs in found.items()}
+
+
+def _propagate(seeds: list, deps: dict, skip: set) -> dict:
+    """{unit: (cause unit, key)} of every unit systemd takes along with seeds, transitively."""
+    via: dict = {}
+    todo = list(seeds)
+    while todo:
+        cause = todo.pop(0)
+        for unit, key in deps.get(cause, ()):
+            if unit in skip or unit in via or unit in seeds:
+                continue
+            via[unit] = (cause, key)
+            todo.append(unit)
+    return dict(sorted(via.items()))
+
+
+def _resources(entry: dict) -> dict:
+    gpus = entry.get("gpus") or []
+    mig = gpus[0].get("mig") if gpus else None
+    return {
+        "nodes": entry.get("nodes"),
+        "cpus": entry.get("cpus"),
+        "mems": entry.get("mems"),
+        "gpus": [g.get("address") for g in gpus],
+        "mig": None if not mig else f"{mig.get('profile')}@{mig.get('placement_start')}",
+        "mps": (entry.get("mps") or {}).get("pipe_dir"),
+    }
+
+
+def _mig_layouts(gpu_topology: dict) -> dict:
+    """{GPU address: (MIG mode, sorted 'profile@start')} of the GPUs' current state."""
+    out = {}
+    for gpu in (gpu_topology or {}).get("gpus") or ():
+        mig = gpu.get("mig") or {}
+        instances = sorted(
+            f"{gi.get('profile_name')}@{gi.get('placement_start')}"
+            for gi in mig.get("gpu_instances") or ()
+            if gi.get("placement_start") is not None
+        )
+        out[gpu.get("address")] = (mig.get("mode_current"), instances)
+    return out
+
+
+def _mig_changes(new_plan: dict, gpu_topology: dict) -> list:
+    current = _mig_layouts(gpu_topology)
+    out = []
+    for entry in new_plan.get("mig_gpus") or ():
+        mode_now, have = current.get(entry["gpu"], (None, []))
+        want = sorted(f"{slot['profile']}@{slot['start']}" for slot in entry.get("layout") or ())
+        if entry["mode"] != "enabled":
+            want = []
+        create = [slot for slot in want if slot not in have]
+        destroy = [slot for slot in have if slot not in want]
+        mode = None if mode_now == entry["mode"] else f"{mode_now} -> {entry['mode']}"
+        if create or destroy or mode:
+            out.append({"gpu": entry["gpu"], "mode": mode, "create": create, "destroy": destroy})
+    return out
+
+
+def _managed_units(paths) -> list:
+    """The services the files at paths configure (slices and the MPS template left out)."""
+    found = set()
+    for path in paths:
+        unit = unit_of(path)
+        if unit.endswith(".service") and unit != mps.TEMPLATE_UNIT:
+            found.add(unit)
+    return sorted(found)
+
+
+def change_plan(
+    host: str,
+    old_plan: Optional[dict],
+    new_plan: dict,
+    unit_files: dict,
+    mps_files: dict,
+    recorded_files: dict,
+    gpu_topology: Optional[dict] = None,
+    restart: str = "auto",
+    max_removals: int = 2,
+    allow_removals: bool = False,
+) -> dict:
+    """ansible_facts.numafleet_changes of one host (see the module docs of numa_plan).
+
+    unit_files / mps_files: the files the new plan renders ({host path: text}) for
+    pinned_units / nvidia_mps; recorded_files: numafleet_recorded.files (digests of what the
+    last apply wrote, the manifests included). ``refused`` lists the blast-radius guards that
+    fired (empty when allowed); the caller fails the host with them, before the gate.
+    """
+    owned = [
+        path
+        for path in recorded_files
+        if path not in MANIFEST_PATHS and unit_of(path).endswith((".service", ".slice"))
+    ]
+    owned_mps = [p for p in owned if unit_of(p).startswith("nvidia-mps@")]
+    owned_units = [p for p in owned if p not in owned_mps]
+    pinned = units.plan_actions(file_changes(unit_files, recorded_files, owned_units))
+    daemons, dummy = mps.plan_daemons(new_plan)
+    daemon_actions = mps.plan_actions(file_changes(mps_files, recorded_files, owned_mps), daemons)
+
+    start = sorted(set(pinned.start) | set(daemon_actions.start))
+    stop = sorted(set(pinned.disable) | set(daemon_actions.disable))
+    restart_units = sorted(set(pinned.restart) | set(daemon_actions.restart))
+    try_restart = sorted(pinned.try_restart)
+    unpinned = sorted(
+        unit for unit in pinned.units["removed"] if unit not in pinned.disable
+    )  # drop-ins removed: the vendor unit stays, unpinned (try-restarted)
+    deps = dependents({**unit_files, **mps_files})
+    busy = set(start) | set(stop) | set(restart_units) | set(try_restart)
+    via_restart = _propagate(restart_units + try_restart, deps, busy)
+    via_stop = _propagate(stop, deps, busy | set(via_restart))
+
+    old_by = {e["name"]: e for e in (old_plan or {}).get("placements") or ()}
+    new_by = {e["name"]: e for e in new_plan.get("placements") or ()}
+    stability = new_plan.get("stability") or {}
+    managed = _managed_units(owned)
+    placements: dict = {"added": [], "moved": [], "removed": [], "kept": [], "unrecorded": []}
+    for name, entry in new_by.items():
+        old = old_by.get(name)
+        if old is None:
+            key = "unrecorded" if old_plan is None and entry["unit"] in managed else "added"
+            placements[key].append({"name": name, "to": placement_text(entry)})
+        elif _resources(old) == _resources(entry):
+            placements["kept"].append({"name": name, "at": placement_text(entry)})
+        else:
+            placements["moved"].append(
+                {
+                    "name": name,
+                    "from": placement_text(old),
+                    "to": placement_text(entry),
+                    "reason": stability.get(name, "planned again"),
+                }
+            )
+    for name, old in old_by.items():
+        if name not in new_by:
+            placements["removed"].append({"name": name, "from": placement_text(old)})
+
+    mig = _mig_changes(new_plan, gpu_topology or {})
+    removals = sorted(set(stop) | set(unpinned))
+    refused = []
+    if not allow_removals:
+        if managed and set(managed) <= set(removals):
+            refused.append(
+                f"host {host}: this run would remove every unit numafleet manages here "
+                f"({', '.join(removals)}): numafleet_placements plans "
+                f"{len(new_by)} placement{'' if len(new_by) == 1 else 's'}. If that is meant, set "
+                "numafleet_allow_removals: true for this run (-e numafleet_allow_removals=true); "
+                "if not, check the variable's name and that its host_vars/group_vars file loads. "
+                "Nothing was changed."
+            )
+        elif len(removals) > max_removals:
+            refused.append(
+                f"host {host}: this run would remove {len(removals)} units ({', '.join(removals)}),"
+                f" more than numafleet_max_removals ({max_removals}). Set "
+                "numafleet_allow_removals: true for this run, or raise numafleet_max_removals. "
+                "Nothing was changed."
+            )
+    never = restart == "never"
+    result = {
+        "host": host,
+        "recorded": old_plan is not None,
+        "placements": placements,
+        "units": {
+            "start": start,
+            "stop": stop,
+            "unpin": unpinned,
+            "restart": [] if never else restart_units,
+            "restart_if_running": [] if never else try_restart,
+            "restart_through": {} if never else _via_text(via_restart),
+            "stop_through": _via_text(via_stop),
+            "awaiting_restart": (
+                sorted(set(restart_units) | set(try_restart) | set(via_restart)) if never else []
+            ),
+            "reload": pinned.reload_needed or daemon_actions.reload_needed,
+        },
+        "mig": mig,
+        "removals": {"units": removals, "max": max_removals, "allowed": allow_removals},
+        "refused": refused,
+    }
+    result["changed"] = bool(
+        placements["added"]
+        or placements["moved"]
+        or placements["removed"]
+        or start
+        or stop
+        or unpinned
+        or restart_units
+        or try_restart
+        or mig
+    )
+    result["lines"] = change_lines(result)
+    return result
+
+
+def _via_text(via: dict) -> dict:
+    return {unit: f"{key}={cause}" for unit, (cause, key) in via.items()}
+
+
+def change_lines(changes: dict) -> list:
+    """The change plan as short lines for people: counts, then one line per change."""
+    placements, unit_actions = changes["placements"], changes["units"]
+    counts = ", ".join(
+        f"{len(placements[key])} {key}"
+        for key in ("added", "moved", "removed", "kept", "unrecorded")
+        if placements[key] or key != "unrecorded"
+    )
+    lines = [
+        f"{changes['host']}: change plan: {counts}" + ("" if changes["changed"] else "; no change")
+    ]
+    if not changes["recorded"]:
+        lines.append("  (no recorded plan on the host: every placement is planned from scratch)")
+    for item in placements["added"]:
+        lines.append(f"  + add     {item['name']}: {item['to']}")
+    for item in placements["unrecorded"]:
+        lines.append(f"  ? planned {item['name']}: {item['to']} (its unit exists; not recorded)")
+    for item in placements["moved"]:
+        lines.append(
+            f"  ~ move    {item['name']}: {item['from']} -> {item['to']} ({item['reason']})"
+        )
+    for item in placements["removed"]:
+        lines.append(f"  - remove  {item['name']}: {item['from']}")
+    labels = (
+        ("start", "start"),
+        ("restart", "restart"),
+        ("restart_if_running", "restart if running"),
+        ("stop", "stop"),
+        ("unpin", "unpin (drop-in removed)"),
+        ("awaiting_restart", "awaiting a restart (numafleet_restart: never)"),
+    )
+    for key, label in labels:
+        if unit_actions[key]:
+            lines.append(f"  {label}: {', '.join(unit_actions[key])}")
+    for key, label in (
+        ("restart_through", "restarted by systemd"),
+        ("stop_through", "stopped by systemd"),
+    ):
+        for unit, cause in unit_actions[key].items():
+            lines.append(f"  {label}: {unit} ({cause})")
+    for item in changes["mig"]:
+        parts = []
+        if item["mode"]:
+            parts.append(f"mode {item['mode']}")
+        if item["destroy"]:
+            parts.append(f"destroy {', '.join(item['destroy'])}")
+        if item["create"]:
+            parts.append(f"create {', '.join(item['create'])}")
+        lines.append(f"  MIG {item['gpu']}: {'; '.join(parts)}")
+    return lines
+
+
+__all__ = ["change_lines", "change_plan", "dependents", "file_changes"]

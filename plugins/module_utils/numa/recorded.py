@@ -1,0 +1,115 @@
+# Private to this collection: may change in any release.
+"""What the last apply left on a host: its recorded plan and the digests of the files it owns.
+
+read_recorded() is what numa_facts publishes as ansible_facts.numafleet_recorded (option
+recorded_root). The controller reads it to keep placements stable (planner.parse_recorded) and
+to say, before any host changes, which units will be started, restarted or stopped
+(changes.change_plan). Nothing here trusts the files: a plan file that is a link, not a
+regular file, too large or not JSON is reported as ``invalid`` with the reason, never used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+from typing import Optional
+
+from .errors import NumaTuneError
+from .units import parse_manifest, under_root
+
+PLAN_PATH = "/etc/numafleet/plan.json"
+MANIFEST_PATHS = ("/etc/numafleet/manifest.json", "/etc/numafleet/mps-units.json")
+# A plan of 1,000 placements is about 2 MiB of JSON: far below this.
+MAX_PLAN_BYTES = 64 << 20
+
+
+def digest(text: str) -> str:
+    """sha256 hex digest of a file's text (UTF-8), as read_recorded reports files."""
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def _read_plan(real: str) -> tuple:
+    """(state, plan or None, error or None) of the plan file at real."""
+    try:
+        info = os.lstat(real)
+    except FileNotFoundError:
+        return "absent", None, None
+    except OSError as exc:
+        return "invalid", None, f"cannot be read ({exc.strerror})"
+    if stat.S_ISLNK(info.st_mode):
+        return "invalid", None, "is a symbolic link (numafleet writes a regular file there)"
+    if not stat.S_ISREG(info.st_mode):
+        return "invalid", None, "is not a regular file"
+    if info.st_size > MAX_PLAN_BYTES:
+        return "invalid", None, f"is {info.st_size} bytes, more than a plan can be"
+    try:
+        with open(real, "rb") as handle:
+            data = json.loads(handle.read().decode("utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        return "invalid", None, f"cannot be read ({exc})"
+    except ValueError as exc:
+        return "invalid", None, f"is not JSON ({exc})"
+    if not isinstance(data, dict):
+        return "invalid", None, "is not a JSON object"
+    return "present", data, None
+
+
+def _file_digest(real: str) -> Optional[str]:
+    """Digest of the regular file at real; None when absent, 'link'/'other' for other kinds."""
+    try:
+        info = os.lstat(real)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return "unreadable"
+    if stat.S_ISLNK(info.st_mode):
+        return "link"
+    if not stat.S_ISREG(info.st_mode):
+        return "other"
+    try:
+        with open(real, "rb") as handle:
+            return hashlib.sha256(handle.read()).hexdigest()
+    except OSError:
+        return "unreadable"
+
+
+def read_recorded(root: str, plan_path: str = PLAN_PATH, manifest_paths=MANIFEST_PATHS) -> dict:
+    """ansible_facts.numafleet_recorded below root ("/" = the host itself); never raises for content.
+
+    Shape: {"root", "plan_path", "state": absent|present|invalid, "error": str|None,
+    "plan": dict|None, "files": {host path: sha256 hex, None (absent), "link", "other" or
+    "unreadable"} for every file a manifest lists, plus each manifest path itself,
+    "manifest_errors": [str]}. A malformed manifest is named in manifest_errors (the apply
+    modules refuse it with the fix); its files are then unknown.
+    """
+    state, plan, error = _read_plan(under_root(root, plan_path))
+    files: dict = {}
+    errors = []
+    for manifest in manifest_paths:
+        real = under_root(root, manifest)
+        kind = _file_digest(real)
+        if kind is None:
+            continue
+        files[manifest] = kind
+        if kind in ("link", "other", "unreadable"):
+            errors.append(f"{real}: is not a readable regular file")
+            continue
+        try:
+            with open(real, encoding="utf-8", errors="replace") as handle:
+                listed = parse_manifest(handle.read(), real)
+        except (OSError, NumaTuneError) as exc:
+            errors.append(str(exc))
+            continue
+        for path in listed:
+            files[path] = _file_digest(under_root(root, path))
+    return {
+        "root": root,
+        "plan_path": plan_path,
+        "state": state,
+        "error": error,
+        "plan": plan,
+        "files": dict(sorted(files.items())),
+        "manifest_errors": errors,
+    }

@@ -1,0 +1,96 @@
+"""recorded.read_recorded: the recorded plan (never trusted blindly) and the digests of the files
+the manifests list, as numa_facts publishes them (ansible_facts.numafleet_recorded)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import pytest
+
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import facts, units
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import NumaTuneError
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa.recorded import (
+    digest,
+    read_recorded,
+)
+
+UNIT = "/etc/systemd/system/numafleet-a.service"
+
+
+def put(root, path: str, text: str) -> str:
+    real = units.under_root(str(root), path)
+    os.makedirs(os.path.dirname(real), exist_ok=True)
+    with open(real, "w", encoding="utf-8") as out:
+        out.write(text)
+    return real
+
+
+def test_nothing_recorded(tmp_path):
+    got = read_recorded(str(tmp_path))
+    assert got == {
+        "root": str(tmp_path),
+        "plan_path": "/etc/numafleet/plan.json",
+        "state": "absent",
+        "error": None,
+        "plan": None,
+        "files": {},
+        "manifest_errors": [],
+    }
+
+
+def test_plan_and_manifest_digests(tmp_path):
+    plan = {"version": 1, "host": "h", "placements": []}
+    put(tmp_path, "/etc/numafleet/plan.json", units.plan_record_text(plan))
+    put(tmp_path, UNIT, "[Service]\n")
+    put(
+        tmp_path,
+        "/etc/numafleet/manifest.json",
+        units.manifest_text({UNIT: "", "/etc/systemd/system/numafleet-t.slice": ""}),
+    )
+    got = read_recorded(str(tmp_path))
+    assert (got["state"], got["plan"], got["error"]) == ("present", plan, None)
+    assert got["files"][UNIT] == hashlib.sha256(b"[Service]\n").hexdigest() == digest("[Service]\n")
+    assert got["files"]["/etc/systemd/system/numafleet-t.slice"] is None  # listed, gone
+    assert "/etc/numafleet/manifest.json" in got["files"]
+
+
+@pytest.mark.parametrize(
+    ("make", "error"),
+    [
+        (lambda real: open(real, "w").write("{not json"), "is not JSON"),
+        (lambda real: open(real, "w").write("[1, 2]"), "is not a JSON object"),
+        (lambda real: os.symlink("/etc/hostname", real), "is a symbolic link"),
+        (os.mkdir, "is not a regular file"),
+    ],
+)
+def test_a_bad_plan_file_is_invalid_with_the_reason(tmp_path, make, error):
+    real = units.under_root(str(tmp_path), "/etc/numafleet/plan.json")
+    os.makedirs(os.path.dirname(real))
+    make(real)
+    got = read_recorded(str(tmp_path))
+    assert got["state"] == "invalid" and got["plan"] is None and error in got["error"]
+
+
+def test_a_malformed_manifest_is_named_not_raised(tmp_path):
+    put(tmp_path, "/etc/numafleet/mps-units.json", json.dumps({"version": 7}))
+    got = read_recorded(str(tmp_path))
+    (message,) = got["manifest_errors"]
+    assert "mps-units.json" in message and "manifest" in message
+
+
+def test_gather_facts_publishes_it_and_refuses_a_relative_root(fixture_root, tmp_path):
+    root = fixture_root("synthetic-gh200")
+    base = dict(
+        sysfs_root=f"{root}/sys",
+        procfs_root=f"{root}/proc",
+        gpu=False,
+        state_paths=[],
+    )
+    got, dummy = facts.gather_facts(
+        {**base, "recorded_root": str(tmp_path)}, False, None, None, None
+    )
+    assert got["numafleet_recorded"] == read_recorded(str(tmp_path))
+    with pytest.raises(NumaTuneError, match="recorded_root: 'etc' is not an absolute path"):
+        facts.gather_facts({**base, "recorded_root": "etc"}, False, None, None, None)
