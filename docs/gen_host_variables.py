@@ -39,6 +39,8 @@ each one are in the column "read by".
 - a role input that `site.yml` and `drift_check.yml` set themselves
   ([below](#role-inputs-the-playbooks-set)) is set for the host: the playbooks' value would win,
   so the message names the host variable to set instead;
+- a variable named like a role input but misspelt (`pinned_services_hardning`: the message
+  suggests `pinned_services_hardening`);
 - a variable that a play keyword reads (`numafleet_serial`, `numafleet_max_fail_percentage`),
   which only extra vars reach, is set in the inventory instead of with `-e`;
 - a variable holds a value of the wrong type, or not one of its choices. The plan's variables

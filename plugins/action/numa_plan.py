@@ -121,6 +121,8 @@ class ActionModule(ControllerAction):
         if changes is not None:
             new_facts["numafleet_changes"] = changes
             result["changes"] = changes["lines"]
+        if changes is not None:
+            summary = f"{summary}; {changes['summary']}"
         result.update(changed=False, ansible_facts=new_facts, summary=summary)
         if plan.get("warnings"):
             # Shown as [WARNING] lines, which carry no host name of their own.

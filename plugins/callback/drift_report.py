@@ -29,7 +29,8 @@ description:
     "task", "changes": [{"path_or_header", "state", "added", "removed",
     "settings"}]}], "checks": [check,
     ...], "failed_tasks": [{"role", "task", "msg"}], "unreachable": null or {"task", "msg"},
-    "layers": {layer: {"results", "changed", "failed"}}, "verified"}}, "totals": {"hosts",
+    "layers": {layer: {"results", "changed", "failed"}}, "verified", "change_plan": [line, ...]}},
+    "totals": {"hosts",
     "clean", "drift", "fail", "unreachable", "changes", "checks": {"pass", "fail", "warn",
     "skipped"}}}).
   - >-
@@ -39,6 +40,10 @@ description:
     the results of the layer's module (none when the layer did not run on the host, for example
     C(nvidia_mps) without a GPU); C(verified) tells whether the verify checks were evaluated; a
     C(summary) is one line for people. C(totals.changes) counts the changed tasks of all hosts.
+    C(change_plan) is what C(site.yml) would do on the host now, as it prints it (placements
+    added, moved, removed and kept; units started, restarted, stopped, also by systemd through
+    C(Requires=); MIG layout changes), from the C(changes) of M(numafleet.tuning.numa_plan); V([])
+    when the plan was not made.
   - >-
     A C(changes) entry stands for one entry of the task's diff and never holds its text: the
     header (a file path, or a name such as C(hugepage pools) or C(kernel settings)), C(state)
@@ -129,6 +134,7 @@ STATUSES = ("clean", "drift", "fail", "unreachable")
 CHECK_STATUSES = ("pass", "fail", "warn", "skipped")
 PLAY_VAR = "numafleet_drift_run"
 VERIFY_TASK = "Evaluate the verify checks"
+PLAN_TASK = "Plan placements"
 FINAL_TASK = "Fail when drift or verify failures were found"
 RUN_DIR = re.compile(r"^[0-9]{8}T[0-9]{6}Z(-[0-9]+)?$")
 _SETTING = re.compile(r"^\s*\"?([A-Za-z_][A-Za-z0-9_.\-/ ]*?)\"?\s*(?::\s|:$|=)")
@@ -214,6 +220,7 @@ def _new_host() -> dict:
         "checks": None,
         "failed_tasks": [],
         "layers": {},
+        "change_plan": [],
     }
 
 
@@ -250,6 +257,10 @@ class DriftRun:
         self.host(host)["checks"] = [
             dict(check) for check in checks or () if isinstance(check, dict)
         ]
+
+    def change_plan(self, host: str, lines) -> None:
+        """What site.yml would do on ``host`` (numa_plan's ``changes`` lines)."""
+        self.host(host)["change_plan"] = [str(line) for line in lines or ()]
 
     def failed(self, host: str, role: str, task: str, msg) -> None:
         """A task that failed on ``host``."""
@@ -296,6 +307,7 @@ class DriftRun:
                 "unreachable": record["unreachable"],
                 "layers": {layer: dict(seen) for layer, seen in sorted(record["layers"].items())},
                 "verified": record["checks"] is not None,
+                "change_plan": record["change_plan"],
             }
         return {
             "format": FORMAT,
@@ -605,6 +617,8 @@ class CallbackModule(CallbackBase):
             return
         if name == VERIFY_TASK and isinstance(data.get("checks"), list):
             self._run.checks(host, data["checks"])
+        if name == PLAN_TASK and not role and isinstance(data.get("changes"), list):
+            self._run.change_plan(host, data["changes"])
         if data.get("changed") and _check_mode(task):
             diff = data.get("diff")
             if diff is None and isinstance(data.get("results"), list):

@@ -160,9 +160,15 @@ def test_one_summary_line_per_host(fleet):
     a100 = fleet.first.one("gpu-a100-01", SUMMARY_TASK)["msg"]
     assert a100.startswith("gpu-a100-01: 6 placements: llm-70b node1 ")
     assert "classify node0 cpus 9,73 gpus 17:00.0 mig 1g.10gb@2;" in a100
-    assert a100.endswith("rerank-mini-a node0 cpus 10,74 gpus 17:00.0 mig 2g.20gb@0 mps; 1 warning")
+    assert a100.endswith(
+        "rerank-mini-a node0 cpus 10,74 gpus 17:00.0 mig 2g.20gb@0 mps; 1 warning; "
+        "changes: 6 added; 8 started, 1 MIG layout to change"
+    )
     vm = fleet.first.one("vm-gpu-01", SUMMARY_TASK)["msg"]
-    assert vm.endswith("; 1 warning"), vm
+    assert vm.endswith("; 1 warning; changes: 2 added; 2 started"), vm
+    # the second run: nothing changes (the MIG GPU is a recording: render mode never changes it)
+    again = fleet.second.one("vm-gpu-01", SUMMARY_TASK)["msg"]
+    assert again.endswith("; 1 warning; no change"), again
 
 
 def test_unknown_locality_gpu_is_a_warning(fleet):

@@ -252,11 +252,37 @@ def change_plan(
         or mig
     )
     result["lines"] = change_lines(result)
+    result["summary"] = change_summary(result)
     return result
 
 
 def _via_text(via: dict) -> dict:
     return {unit: f"{key}={cause}" for unit, (cause, key) in via.items()}
+
+
+def change_summary(changes: dict) -> str:
+    """The change plan in a few words for the summary line: 'changes: 1 moved; 1 restarted'."""
+    placements, unit_actions = changes["placements"], changes["units"]
+    moves = [
+        f"{len(placements[key])} {key}" for key in ("added", "moved", "removed") if placements[key]
+    ]
+    restarted = len(unit_actions["restart"]) + len(unit_actions["restart_if_running"])
+    restarted += len(unit_actions["restart_through"])
+    counts = (
+        ("started", len(unit_actions["start"])),
+        ("restarted", restarted),
+        ("stopped", len(unit_actions["stop"]) + len(unit_actions["stop_through"])),
+        ("awaiting a restart", len(unit_actions["awaiting_restart"])),
+    )
+    units_text = [f"{count} {label}" for label, count in counts if count]
+    if changes["mig"]:
+        layouts = len(changes["mig"])
+        units_text.append(f"{layouts} MIG layout{'' if layouts == 1 else 's'} to change")
+    if not moves and not units_text:
+        return "no change"
+    return "changes: " + "; ".join(
+        part for part in (", ".join(moves), ", ".join(units_text)) if part
+    )
 
 
 def change_lines(changes: dict) -> list:
@@ -311,4 +337,4 @@ def change_lines(changes: dict) -> list:
     return lines
 
 
-__all__ = ["change_lines", "change_plan", "dependents", "file_changes"]
+__all__ = ["change_lines", "change_plan", "change_summary", "dependents", "file_changes"]

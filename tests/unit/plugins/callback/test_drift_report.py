@@ -622,3 +622,15 @@ def test_drift_run_records_checks_only_as_mappings():
     report = run.as_report(FINISHED)
     assert report["inventory"] == ["inventories/demo"]
     assert len(report["hosts"]["h"]["checks"]) == 1
+
+
+def test_the_change_plan_of_the_plan_task_is_in_the_report():
+    lines = [
+        "a: change plan: 0 added, 1 moved, 0 removed, 2 kept",
+        "  restart: numafleet-x.service",
+    ]
+    events = clean_events("a")
+    events[0] = ("ok", result("a", PLAN, changed=False, changes=lines))
+    report = report_of(events + clean_events("b"))
+    assert report["hosts"]["a"]["change_plan"] == lines
+    assert report["hosts"]["b"]["change_plan"] == []  # the plan task carried none
