@@ -12,7 +12,10 @@ from __future__ import annotations
 
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa import mps, units
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.changes import change_plan
-from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import NumaTuneError
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import (
+    NumaTuneError,
+    PlanError,
+)
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.planner import (
     parse_recorded,
     plan_host,
@@ -43,6 +46,7 @@ ARGUMENT_SPEC = dict(
     restart=dict(type="str", default="auto", choices=["auto", "never"]),
     max_removals=dict(type="int", default=2),
     allow_removals=dict(type="bool", default=False),
+    refuse=dict(type="bool", default=True),
     hardening=dict(type="bool", default=True),
     unit_dir=dict(type="str", default=units.DEFAULT_UNIT_DIR),
     mps_unit_dir=dict(type="str", default=units.DEFAULT_UNIT_DIR),
@@ -93,7 +97,8 @@ class ActionModule(ControllerAction):
         recorded = plain(recorded) if recorded else None
         plan_path = (recorded or {}).get("plan_path") or PLAN_PATH
         try:
-            kept = None if args["repack"] else parse_recorded(host, recorded, plan_path)
+            valid = self._recorded(host, recorded, plan_path, args["repack"])
+            kept = None if args["repack"] else valid
             plan = plan_host(
                 host,
                 plain(numa),
@@ -106,14 +111,24 @@ class ActionModule(ControllerAction):
                 recorded=kept,
             )
             summary = plan_summary(plan)
-            changes = (
-                self._changes(host, args, recorded, plan, gpu_topology) if args["changes"] else None
-            )
+            old_plan = recorded["plan"] if valid is not None else None
+            changes = None
+            if args["changes"]:
+                changes = self._changes(host, args, old_plan, recorded, plan, gpu_topology)
+                plan["awaiting_restart"] = changes["units"]["awaiting_restart"]
+            else:
+                # Restarts that await a window (numafleet_restart: never) stay recorded.
+                plan["awaiting_restart"] = list((old_plan or {}).get("awaiting_restart") or [])
         except NumaTuneError as exc:
             result.update(failed=True, msg=str(exc))
             return result
 
-        if changes is not None and changes["refused"]:
+        if changes is not None and changes["refused"] and not args["refuse"]:
+            # A report (drift_check.yml): what site.yml would refuse is part of the change plan.
+            changes["lines"] += [
+                f"  site.yml would refuse this run: {text}" for text in changes["refused"]
+            ]
+        elif changes is not None and changes["refused"]:
             # Only the message and the change plan: the plan itself would bury them.
             result.update(failed=True, msg=" ".join(changes["refused"]), changes=changes["lines"])
             return result
@@ -130,7 +145,29 @@ class ActionModule(ControllerAction):
         return result
 
     @staticmethod
-    def _changes(host, args, recorded, plan, gpu_topology) -> dict:
+    def _recorded(host, recorded, plan_path, repack):
+        """parse_recorded of the recorded plan, or None; raises PlanError.
+
+        With repack an invalid recording is set aside (the apply replaces it), unless it is a
+        directory or another file that no write can replace: that is refused either way.
+        """
+        try:
+            return parse_recorded(host, recorded, plan_path)
+        except PlanError:
+            if not repack:
+                raise
+        kind = (recorded or {}).get("kind")
+        if kind not in ("file", "link", None):
+            raise PlanError(
+                host,
+                f"the recorded plan {plan_path} is a {kind}, where numafleet writes a regular "
+                "file: move it away (numafleet_repack: true cannot replace it). Nothing was "
+                "changed.",
+            )
+        return None
+
+    @staticmethod
+    def _changes(host, args, old_plan, recorded, plan, gpu_topology) -> dict:
         """The change plan (numafleet_changes): recorded state -> this plan; raises NumaTuneError."""
         recorded = recorded or {}
         unit_files = units.render_files(
@@ -144,9 +181,6 @@ class ActionModule(ControllerAction):
             args["mps_control_path"],
             args["mps_nvidia_smi_path"],
         )
-        old_plan = recorded.get("plan") if recorded.get("state") == "present" else None
-        if args["repack"] and recorded.get("state") != "present":
-            old_plan = None
         return change_plan(
             host,
             old_plan,
@@ -158,4 +192,6 @@ class ActionModule(ControllerAction):
             restart=args["restart"],
             max_removals=args["max_removals"],
             allow_removals=args["allow_removals"],
+            repack=args["repack"],
+            awaited=(old_plan or {}).get("awaiting_restart") or [],
         )

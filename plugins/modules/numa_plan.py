@@ -162,6 +162,12 @@ options:
         host. Usually the host variable C(numafleet_allow_removals).
     type: bool
     default: false
+  refuse:
+    description:
+      - Fail the task when a guard of O(changes) fires (the default). With V(false) the task
+        only reports, and the guards' messages are added to RV(changes) (C(drift_check.yml) uses it).
+    type: bool
+    default: true
   hardening:
     description:
       - The C(hardening) option the units are rendered with (the role variable
@@ -410,7 +416,7 @@ ansible_facts:
     numafleet_changes:
       description:
         - The change plan of the host, from the recorded plan and file digests to this plan.
-      returned: with O(changes), when no guard refused it
+      returned: with O(changes), when no guard refused it (or with O(refuse=false))
       type: dict
       contains:
         host:

@@ -721,9 +721,10 @@ HOST_VARS = (
         "numafleet_max_removals",
         "int",
         2,
-        "The most managed units (pinned services and MPS daemons) one run may remove from the "
-        "host; a run that would remove more changes nothing and says so.",
-        (SITE,),
+        "The most managed units (pinned services, vendor units unpinned, MPS daemons) one run "
+        "may remove from the host; a run that would remove more changes nothing and says so "
+        "(drift_check.yml reports it).",
+        (SITE, DRIFT),
         minimum=0,
     ),
     HostVar(
@@ -732,7 +733,7 @@ HOST_VARS = (
         False,
         "Allow a run to remove more than numafleet_max_removals managed units, or every managed "
         "unit of the host.",
-        (SITE,),
+        (SITE, DRIFT),
     ),
     # -- verify.yml and drift_check.yml ----------------------------------------------------------
     HostVar(

@@ -9,6 +9,7 @@ plan would remove), and must be byte-identical afterwards.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -49,8 +50,8 @@ def _load(path: Path) -> dict:
     return case
 
 
-def _seed_render_root(root: Path) -> None:
-    """What an earlier good run left: one owned unit, listed in the manifest."""
+def _seed_render_root(root: Path, host: str) -> None:
+    """What an earlier good run left: one owned unit, listed in the manifest, and its plan."""
     unit = root / "etc" / "systemd" / "system" / "numafleet-old.service"
     unit.parent.mkdir(parents=True)
     unit.write_text(OLD_UNIT)
@@ -59,6 +60,10 @@ def _seed_render_root(root: Path) -> None:
     manifest.write_text(
         '{"files": ["/etc/systemd/system/numafleet-old.service"], '
         '"units": ["numafleet-old.service"], "version": 1}\n'
+    )
+    # The recorded plan of that run (its one placement is not in the cases' placements).
+    (root / "etc" / "numafleet" / "plan.json").write_text(
+        json.dumps({"version": 1, "host": host, "placements": [], "awaiting_restart": []}) + "\n"
     )
 
 
@@ -83,7 +88,7 @@ def bad_run(tmp_path_factory, ansible_ready):
     for case in [*cases, good]:
         fsroot = Path(machines[case["machine"]])
         render_root = roots[case["host"]]
-        _seed_render_root(render_root)
+        _seed_render_root(render_root, case["host"])
         hostvars = {
             "numafleet_sysfs_root": str(fsroot / "sys"),
             "numafleet_procfs_root": str(fsroot / "proc"),

@@ -28,6 +28,7 @@ PINNED_WOULD_RUN = (
 MPS_WOULD_RUN = (
     "numafleet.tuning.nvidia_mps : Report what the service manager would run (render mode)"
 )
+AWAITED_WOULD_RUN = "Report the awaited restarts that would run (render mode)"
 
 
 class Host:
@@ -115,6 +116,7 @@ def test_resizing_one_placement_moves_and_restarts_only_it(edited):
         "  ~ move    rerank-b: node0 cpus 7-8,71-72 gpus 31:00.0 mps -> node0 cpus 7-8,11,71-72,75"
         " gpus 31:00.0 mps (its request changed (cpus 4 -> 6))",
         "  restart: numafleet-rerank-b.service",
+        "  changed slice: numafleet-team\\x2db.slice (applied at daemon-reload)",
         MIG_LINE,
     ]
     assert read_tree(edited.root()) == before  # --check wrote nothing
@@ -142,6 +144,7 @@ def test_removing_one_placement_stops_only_it(edited):
         f"{HOST}: change plan: 0 added, 0 moved, 1 removed, 5 kept",
         "  - remove  classify: node0 cpus 9,73 gpus 17:00.0 mig 1g.10gb@2",
         "  stop: numafleet-classify.service",
+        "  changed slice: numafleet-team\\x2db.slice (applied at daemon-reload)",
         MIG_LINE,
     ]
 
@@ -177,6 +180,20 @@ def test_restart_never_writes_and_restarts_nothing(edited):
     ]
     lines = would_run(run, PINNED_WOULD_RUN) + would_run(run, MPS_WOULD_RUN)
     assert lines and not any("restart" in line for line in lines), lines
+    # The next run with the default restarts what awaited, although no file changes any more.
+    awaited = ["numafleet-rerank-a.service", "numafleet-rerank-b.service", MPS_DAEMON]
+    auto = edited.run()
+    assert auto.rc == 0, auto.explain()
+    assert change_plan(auto)[1] == (
+        "  restart (awaited since a run with numafleet_restart: never): " + ", ".join(awaited)
+    )
+    assert would_run(auto, AWAITED_WOULD_RUN) == [
+        f"would run: systemctl try-restart {unit}" for unit in awaited
+    ]
+    # and then nothing awaits any more
+    third = edited.run("--check")
+    assert change_plan(third)[0].endswith("6 kept"), change_plan(third)
+    assert not any("awaited" in line for line in change_plan(third))
 
 
 @pytest.mark.parametrize(
@@ -214,3 +231,19 @@ def test_allow_removals_lets_a_deliberate_removal_through(edited):
     plan = change_plan(run)
     assert plan[0] == f"{HOST}: change plan: 0 added, 0 moved, 4 removed, 2 kept"
     assert any(line.startswith("  stop: ") and MPS_DAEMON in line for line in plan), plan
+
+
+def test_without_the_recorded_plan_a_disturbing_run_is_refused(edited):
+    plan_file = edited.root() / "etc/numafleet/plan.json"
+    saved = plan_file.read_text()
+    plan_file.unlink()
+    try:
+        edited.edit(lambda data: placement(data, "rerank-b").update(cpus=6))
+        digest = tree_digest(edited.root())
+        run = edited.run()
+        assert run.rc != 0, run.explain()
+        assert "no plan is recorded on this host" in run.stdout, run.explain()
+        assert "numafleet-rerank-b.service" in run.stdout
+        assert tree_digest(edited.root()) == digest
+    finally:
+        plan_file.write_text(saved)

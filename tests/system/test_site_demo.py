@@ -162,7 +162,7 @@ def test_one_summary_line_per_host(fleet):
     assert "classify node0 cpus 9,73 gpus 17:00.0 mig 1g.10gb@2;" in a100
     assert a100.endswith(
         "rerank-mini-a node0 cpus 10,74 gpus 17:00.0 mig 2g.20gb@0 mps; 1 warning; "
-        "changes: 6 added; 8 started, 1 MIG layout to change"
+        "changes: 6 added; 8 started, 2 slices written, 1 MIG layout to change"
     )
     vm = fleet.first.one("vm-gpu-01", SUMMARY_TASK)["msg"]
     assert vm.endswith("; 1 warning; changes: 2 added; 2 started"), vm

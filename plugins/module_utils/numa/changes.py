@@ -121,6 +121,27 @@ def _mig_changes(new_plan: dict, gpu_topology: dict) -> list:
     return out
 
 
+def _pools(plan: Optional[dict]) -> dict:
+    """{(node, size_kb): count} of a plan's per-node hugepage pools."""
+    return {
+        (node["id"], pool["size_kb"]): pool["count"]
+        for node in (plan or {}).get("nodes") or ()
+        for pool in node.get("hugepages") or ()
+    }
+
+
+def _pool_changes(old_plan: Optional[dict], new_plan: dict) -> list:
+    """['node0 2048kB 8192 -> 9216', ...]: the hugepage pools the plan changes (none unrecorded)."""
+    if old_plan is None:
+        return []
+    before, after = _pools(old_plan), _pools(new_plan)
+    return [
+        f"node{node} {size}kB {before.get((node, size), 0)} -> {after.get((node, size), 0)}"
+        for node, size in sorted(set(before) | set(after))
+        if before.get((node, size), 0) != after.get((node, size), 0)
+    ]
+
+
 def _managed_units(paths) -> list:
     """The services the files at paths configure (slices and the MPS template left out)."""
     found = set()
@@ -142,13 +163,18 @@ def change_plan(
     restart: str = "auto",
     max_removals: int = 2,
     allow_removals: bool = False,
+    repack: bool = False,
+    awaited=(),
 ) -> dict:
     """ansible_facts.numafleet_changes of one host (see the module docs of numa_plan).
 
     unit_files / mps_files: the files the new plan renders ({host path: text}) for
     pinned_units / nvidia_mps; recorded_files: numafleet_recorded.files (digests of what the
-    last apply wrote, the manifests included). ``refused`` lists the blast-radius guards that
-    fired (empty when allowed); the caller fails the host with them, before the gate.
+    last apply wrote, the manifests included). awaited: the units an earlier run with
+    restart "never" left to restart (the recorded plan's awaiting_restart): restarted now with
+    "auto", still awaiting with "never" (units.awaiting_restart, which the caller records in
+    the plan). ``refused`` lists the blast-radius guards that fired (empty when allowed); the
+    caller fails the host with them, before the gate.
     """
     owned = [
         path
@@ -170,7 +196,12 @@ def change_plan(
     )  # drop-ins removed: the vendor unit stays, unpinned (try-restarted)
     deps = dependents({**unit_files, **mps_files})
     busy = set(start) | set(stop) | set(restart_units) | set(try_restart)
-    via_restart = _propagate(restart_units + try_restart, deps, busy)
+    present = set(_managed_units([*unit_files, *mps_files]))
+    never = restart == "never"
+    # Units an earlier "never" run left: still there and not restarted (or stopped) anyway.
+    restart_awaited = sorted(u for u in set(awaited) if u in present and u not in busy)
+    seeds = restart_units + try_restart + ([] if never else restart_awaited)
+    via_restart = _propagate(seeds, deps, busy | set(restart_awaited))
     via_stop = _propagate(stop, deps, busy | set(via_restart))
 
     old_by = {e["name"]: e for e in (old_plan or {}).get("placements") or ()}
@@ -184,7 +215,14 @@ def change_plan(
             key = "unrecorded" if old_plan is None and entry["unit"] in managed else "added"
             placements[key].append({"name": name, "to": placement_text(entry)})
         elif _resources(old) == _resources(entry):
-            placements["kept"].append({"name": name, "at": placement_text(entry)})
+            why = stability.get(name, "kept")
+            placements["kept"].append(
+                {
+                    "name": name,
+                    "at": placement_text(entry),
+                    "changed": None if why in ("kept", "new") else why,
+                }
+            )
         else:
             placements["moved"].append(
                 {
@@ -201,6 +239,21 @@ def change_plan(
     mig = _mig_changes(new_plan, gpu_topology or {})
     removals = sorted(set(stop) | set(unpinned))
     refused = []
+    disturbed = sorted(
+        (set(restart_units) | set(try_restart) | set(via_restart) | set(stop) | set(unpinned))
+        & set(managed)
+    )
+    if old_plan is None and managed and disturbed and not repack:
+        # Without the recorded plan nothing can be kept: refuse to move running services.
+        refused.append(
+            f"host {host}: no plan is recorded on this host although numafleet manages "
+            f"{len(managed)} unit{'' if len(managed) == 1 else 's'} there (the plan file is "
+            "missing, or was written by an older numafleet.tuning), so placements cannot be "
+            f"kept where they run, and this run would restart or stop {', '.join(disturbed)}. "
+            "Run site.yml once with the placements as they were applied, which records the "
+            "plan, then make the change; or set numafleet_repack: true for this run to plan from "
+            "scratch. Nothing was changed."
+        )
     if not allow_removals:
         if managed and set(managed) <= set(removals):
             refused.append(
@@ -218,7 +271,6 @@ def change_plan(
                 "numafleet_allow_removals: true for this run, or raise numafleet_max_removals. "
                 "Nothing was changed."
             )
-    never = restart == "never"
     result = {
         "host": host,
         "recorded": old_plan is not None,
@@ -231,12 +283,19 @@ def change_plan(
             "restart_if_running": [] if never else try_restart,
             "restart_through": {} if never else _via_text(via_restart),
             "stop_through": _via_text(via_stop),
+            "restart_awaited": [] if never else restart_awaited,
             "awaiting_restart": (
-                sorted(set(restart_units) | set(try_restart) | set(via_restart)) if never else []
+                sorted(
+                    set(restart_units) | set(try_restart) | set(via_restart) | set(restart_awaited)
+                )
+                if never
+                else []
             ),
+            "slices": {key: pinned.slices[key] for key in ("new", "changed", "removed")},
             "reload": pinned.reload_needed or daemon_actions.reload_needed,
         },
         "mig": mig,
+        "hugepages": _pool_changes(old_plan, new_plan),
         "removals": {"units": removals, "max": max_removals, "allowed": allow_removals},
         "refused": refused,
     }
@@ -249,7 +308,10 @@ def change_plan(
         or unpinned
         or restart_units
         or try_restart
+        or result["units"]["restart_awaited"]
         or mig
+        or result["hugepages"]
+        or any(result["units"]["slices"].values())
     )
     result["lines"] = change_lines(result)
     result["summary"] = change_summary(result)
@@ -267,7 +329,7 @@ def change_summary(changes: dict) -> str:
         f"{len(placements[key])} {key}" for key in ("added", "moved", "removed") if placements[key]
     ]
     restarted = len(unit_actions["restart"]) + len(unit_actions["restart_if_running"])
-    restarted += len(unit_actions["restart_through"])
+    restarted += len(unit_actions["restart_through"]) + len(unit_actions["restart_awaited"])
     counts = (
         ("started", len(unit_actions["start"])),
         ("restarted", restarted),
@@ -275,6 +337,12 @@ def change_summary(changes: dict) -> str:
         ("awaiting a restart", len(unit_actions["awaiting_restart"])),
     )
     units_text = [f"{count} {label}" for label, count in counts if count]
+    slices = sum(len(names) for names in unit_actions["slices"].values())
+    if slices:
+        units_text.append(f"{slices} slice{'' if slices == 1 else 's'} written")
+    if changes["hugepages"]:
+        pools = len(changes["hugepages"])
+        units_text.append(f"{pools} hugepage pool{'' if pools == 1 else 's'} to change")
     if changes["mig"]:
         layouts = len(changes["mig"])
         units_text.append(f"{layouts} MIG layout{'' if layouts == 1 else 's'} to change")
@@ -308,9 +376,16 @@ def change_lines(changes: dict) -> list:
         )
     for item in placements["removed"]:
         lines.append(f"  - remove  {item['name']}: {item['from']}")
+    for item in placements["kept"]:
+        if item.get("changed"):
+            lines.append(
+                f"  = keep    {item['name']}: {item['at']} ({item['changed']}; its resources "
+                "are kept)"
+            )
     labels = (
         ("start", "start"),
         ("restart", "restart"),
+        ("restart_awaited", "restart (awaited since a run with numafleet_restart: never)"),
         ("restart_if_running", "restart if running"),
         ("stop", "stop"),
         ("unpin", "unpin (drop-in removed)"),
@@ -325,6 +400,11 @@ def change_lines(changes: dict) -> list:
     ):
         for unit, cause in unit_actions[key].items():
             lines.append(f"  {label}: {unit} ({cause})")
+    for state, names in unit_actions["slices"].items():
+        if names:
+            lines.append(f"  {state} slice: {', '.join(names)} (applied at daemon-reload)")
+    if changes["hugepages"]:
+        lines.append(f"  hugepage pools: {'; '.join(changes['hugepages'])}")
     for item in changes["mig"]:
         parts = []
         if item["mode"]:

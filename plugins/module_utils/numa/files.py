@@ -19,13 +19,18 @@ def write_atomic(
 ) -> None:
     """Write ``text`` to the file ``real`` atomically, with ``mode``; raises ``fail(path, reason)``.
 
-    Missing parent directories are made with ``dir_mode``; the text goes to a temporary file in
+    A parent directory that is a symbolic link is refused (nothing is written through a link;
+    a link at ``real`` itself is replaced, never followed). Missing parent directories are made
+    with ``dir_mode``; the text goes to a temporary file in
     the same directory, is flushed to disk (fsync), gets ``mode`` and replaces ``real`` in one
     rename, so a reader sees the old or the new file, never a part. On an error the temporary
     file is removed and ``fail`` is called with the path that failed (the directory, or the file)
     and the system's reason.
     """
     parent = os.path.dirname(real)
+    if os.path.islink(parent):
+        # Never write through a link: the file would land wherever the link points.
+        raise fail(parent, "is a symbolic link; numafleet writes only into real directories")
     try:
         os.makedirs(parent, mode=dir_mode, exist_ok=True)
         handle, tmp = tempfile.mkstemp(

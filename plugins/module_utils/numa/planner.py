@@ -1840,9 +1840,13 @@ class _Planner:
         return None
 
 
-def _gpus_out(state: _Host) -> tuple:
+def _gpus_out(state: _Host, order: dict) -> tuple:
+    """(plan gpus, whole-GPU MPS daemons); order: placement name -> declaration index."""
     gpus, daemons = [], []
     for gpu in state.gpus:
+        # Declaration order, whatever order kept and new placements were committed in.
+        gpu.placements.sort(key=order.__getitem__)
+        gpu.mps_clients.sort(key=order.__getitem__)
         mig = None
         declared = gpu.mig_declared is not None
         if gpu.mig_mode == "enabled":
@@ -2082,6 +2086,9 @@ def parse_recorded(host: str, recorded: Optional[dict], path: str) -> Optional[d
         raise refuse(f"has plan version {plan.get('version')!r}, not {PLAN_VERSION}")
     if plan.get("host") != host:
         raise refuse(f"was recorded for host {plan.get('host')!r}, not {host}")
+    awaiting = plan.get("awaiting_restart", [])
+    if not isinstance(awaiting, list) or not all(isinstance(u, str) for u in awaiting):
+        raise refuse("has an awaiting_restart that is not a list of unit names")
     out = {}
     for position, entry in enumerate(plan["placements"]):
         name = entry.get("name") if isinstance(entry, dict) else None
@@ -2230,7 +2237,7 @@ def plan_host(
                 "gpus": gpus_by_node.get(nid, []),
             }
         )
-    gpus_out, daemons = _gpus_out(state)
+    gpus_out, daemons = _gpus_out(state, {entry["name"]: entry["index"] for entry in planner.out})
     daemons.extend(_mig_daemons(planner.out))
     daemons.sort(key=lambda d: (d["gpu_address"], d["pipe_dir"]))
     _daemon_details(host, daemons, planner.out, parsed, gpus_out, state)

@@ -31,41 +31,51 @@ def digest(text: str) -> str:
 
 
 def _read_plan(real: str) -> tuple:
-    """(state, plan or None, error or None) of the plan file at real."""
+    """(state, kind, plan or None, error or None) of the plan file at real.
+
+    kind: absent, file, link (a symbolic link: never trusted, replaced by a file on the next
+    write), directory or other (numafleet cannot write a file there).
+    """
     try:
         info = os.lstat(real)
     except FileNotFoundError:
-        return "absent", None, None
+        return "absent", "absent", None, None
     except OSError as exc:
-        return "invalid", None, f"cannot be read ({exc.strerror})"
+        return "invalid", "other", None, f"cannot be read ({exc.strerror})"
     if stat.S_ISLNK(info.st_mode):
-        return "invalid", None, "is a symbolic link (numafleet writes a regular file there)"
+        return "invalid", "link", None, "is a symbolic link (numafleet writes a regular file there)"
+    if stat.S_ISDIR(info.st_mode):
+        return (
+            "invalid",
+            "directory",
+            None,
+            "is a directory (numafleet writes a regular file there)",
+        )
     if not stat.S_ISREG(info.st_mode):
-        return "invalid", None, "is not a regular file"
+        return "invalid", "other", None, "is not a regular file"
     if info.st_size > MAX_PLAN_BYTES:
-        return "invalid", None, f"is {info.st_size} bytes, more than a plan can be"
+        return "invalid", "file", None, f"is {info.st_size} bytes, more than a plan can be"
     try:
         with open(real, "rb") as handle:
             data = json.loads(handle.read().decode("utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
-        return "invalid", None, f"cannot be read ({exc})"
+        return "invalid", "file", None, f"cannot be read ({exc})"
     except ValueError as exc:
-        return "invalid", None, f"is not JSON ({exc})"
+        return "invalid", "file", None, f"is not JSON ({exc})"
     if not isinstance(data, dict):
-        return "invalid", None, "is not a JSON object"
-    return "present", data, None
+        return "invalid", "file", None, "is not a JSON object"
+    return "present", "file", data, None
 
 
 def _file_digest(real: str) -> Optional[str]:
-    """Digest of the regular file at real; None when absent, 'link'/'other' for other kinds."""
+    """Digest of the file at real as the apply modules read it (a link is followed); None when
+    absent, 'other' when it is no regular file (a directory, a dangling link), 'unreadable'."""
     try:
-        info = os.lstat(real)
+        info = os.stat(real)
     except FileNotFoundError:
-        return None
+        return "other" if os.path.lexists(real) else None
     except OSError:
         return "unreadable"
-    if stat.S_ISLNK(info.st_mode):
-        return "link"
     if not stat.S_ISREG(info.st_mode):
         return "other"
     try:
@@ -78,22 +88,23 @@ def _file_digest(real: str) -> Optional[str]:
 def read_recorded(root: str, plan_path: str = PLAN_PATH, manifest_paths=MANIFEST_PATHS) -> dict:
     """ansible_facts.numafleet_recorded below root ("/" = the host itself); never raises for content.
 
-    Shape: {"root", "plan_path", "state": absent|present|invalid, "error": str|None,
-    "plan": dict|None, "files": {host path: sha256 hex, None (absent), "link", "other" or
-    "unreadable"} for every file a manifest lists, plus each manifest path itself,
+    Shape: {"root", "plan_path", "state": absent|present|invalid, "kind": absent|file|link|
+    directory|other, "error": str|None, "plan": dict|None, "files": {host path: sha256 hex (a
+    link followed, as the apply modules read it), None (absent), "other" or "unreadable"} for
+    every file a manifest lists, plus each manifest path itself,
     "manifest_errors": [str]}. A malformed manifest is named in manifest_errors (the apply
     modules refuse it with the fix); its files are then unknown.
     """
-    state, plan, error = _read_plan(under_root(root, plan_path))
+    state, kind, plan, error = _read_plan(under_root(root, plan_path))
     files: dict = {}
     errors = []
     for manifest in manifest_paths:
         real = under_root(root, manifest)
-        kind = _file_digest(real)
-        if kind is None:
+        found = _file_digest(real)
+        if found is None:
             continue
-        files[manifest] = kind
-        if kind in ("link", "other", "unreadable"):
+        files[manifest] = found
+        if found in ("other", "unreadable"):
             errors.append(f"{real}: is not a readable regular file")
             continue
         try:
@@ -108,6 +119,7 @@ def read_recorded(root: str, plan_path: str = PLAN_PATH, manifest_paths=MANIFEST
         "root": root,
         "plan_path": plan_path,
         "state": state,
+        "kind": kind,
         "error": error,
         "plan": plan,
         "files": dict(sorted(files.items())),

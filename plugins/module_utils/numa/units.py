@@ -712,6 +712,8 @@ def plan_record_change(root: str, path: str, plan: dict) -> FileChange:
     before = _read_text(root, path)
     after = plan_record_text(plan)
     state = "create" if before is None else "unchanged" if before == after else "update"
+    if state == "unchanged" and os.path.islink(under_root(root, path)):
+        state = "update"  # a link is never the record: replaced by a file (numa_facts refuses it)
     return FileChange(path, state, before, after)
 
 
@@ -723,6 +725,13 @@ def _write_atomic(real: str, text: str) -> None:
 
 
 def _remove(real: str) -> None:
+    parent = os.path.dirname(real)
+    if os.path.islink(parent):
+        raise UnitFileError(
+            parent,
+            "is a symbolic link; numafleet removes only files in real directories",
+            "Replace the link with a directory",
+        )
     try:
         os.unlink(real)
         parent = os.path.dirname(real)

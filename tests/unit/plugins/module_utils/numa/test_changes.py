@@ -185,3 +185,61 @@ def test_dependents_follow_requires_bindsto_and_partof():
         "b.service": [("x.service", "Requires")],
         "x.service": [("y.service", "PartOf")],
     }
+
+
+def test_restarts_awaited_since_a_never_run_happen_on_the_next_auto_run():
+    first = plan_of(SERVICES)
+    edited = copy.deepcopy(SERVICES)
+    edited[0]["mps"]["active_thread_percentage"] = 70
+    never = changes(edited, first, restart="never")
+    waiting = never["units"]["awaiting_restart"]
+    assert waiting == ["numafleet-a.service", "numafleet-b.service", MPS_UNIT]
+    # the apply wrote the files and recorded the plan with what awaits a restart
+    applied_plan = plan_of(edited, first)
+    applied_plan["awaiting_restart"] = waiting
+    again = change_plan(
+        "h", applied_plan, plan_of(edited, applied_plan), *rendered(applied_plan),
+        applied(applied_plan), restart="never", awaited=waiting,
+    )  # fmt: skip
+    assert again["units"]["awaiting_restart"] == waiting  # still waiting, nothing restarted
+    auto = change_plan(
+        "h", applied_plan, plan_of(edited, applied_plan), *rendered(applied_plan),
+        applied(applied_plan), awaited=waiting,
+    )  # fmt: skip
+    assert auto["units"]["restart_awaited"] == waiting and auto["units"]["awaiting_restart"] == []
+    assert auto["changed"] and "3 restarted" in auto["summary"]
+    assert any(line.startswith("  restart (awaited since a run") for line in auto["lines"])
+
+
+def test_without_a_recording_a_run_that_disturbs_running_units_is_refused():
+    first = plan_of(SERVICES)
+    edited = copy.deepcopy(SERVICES)
+    edited[2]["cpus"] = 4
+    new = plan_of(edited)
+    result = change_plan("h", None, new, *rendered(new), applied(first))
+    (message,) = result["refused"]
+    assert "no plan is recorded on this host" in message and "numafleet-c.service" in message
+    assert "numafleet_repack: true" in message
+    assert change_plan("h", None, new, *rendered(new), applied(first), repack=True)["refused"] == []
+
+
+def test_memory_slices_and_pools_are_in_the_plan_too():
+    tenants = [{"name": "t"}]
+    services = [p("x", tenant="t"), p("y", tenant="t", hugepages={"size": "2M", "count": 8})]
+    before = plan_host("h", copy.deepcopy(NUMA), {}, services, tenants, {"reserved_cpus": ""})
+    edited = copy.deepcopy(services)
+    edited[0]["memory"] = "2G"  # kept, resources unchanged
+    edited[1]["hugepages"]["count"] = 16
+    edited[1]["cpus"] = 4
+    recorded = parse_recorded("h", {"state": "present", "plan": before}, "/p")
+    new = plan_host(
+        "h", copy.deepcopy(NUMA), {}, edited, tenants, {"reserved_cpus": ""}, recorded=recorded
+    )
+    result = change_plan("h", before, new, *rendered(new), applied(before))
+    assert any(
+        line.startswith("  = keep    x: ") and "memory_kb 1048576 -> 2097152" in line
+        for line in result["lines"]
+    ), result["lines"]
+    assert result["hugepages"] == ["node0 2048kB 8 -> 16"]
+    assert result["units"]["slices"]["changed"] == ["numafleet-t.slice"]
+    assert "  changed slice: numafleet-t.slice (applied at daemon-reload)" in result["lines"]

@@ -54,6 +54,28 @@ def test_target_that_is_a_directory_fails_and_leaves_no_temporary_file(tmp_path)
     assert sorted(os.listdir(tmp_path)) == ["x.conf"]
 
 
+def test_a_linked_parent_directory_is_refused_and_its_target_untouched(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "50-numafleet.conf").write_text("theirs\n")
+    (tmp_path / "x.service.d").symlink_to(outside)
+    with pytest.raises(Failed) as err:
+        write_atomic(str(tmp_path / "x.service.d" / "50-numafleet.conf"), "ours\n", 0o644, Failed)
+    assert err.value.path == str(tmp_path / "x.service.d")
+    assert "symbolic link" in err.value.reason
+    assert (outside / "50-numafleet.conf").read_text() == "theirs\n"
+    assert sorted(os.listdir(outside)) == ["50-numafleet.conf"]
+
+
+def test_a_link_at_the_file_itself_is_replaced_not_followed(tmp_path):
+    outside = tmp_path / "outside.json"
+    outside.write_text("theirs\n")
+    (tmp_path / "plan.json").symlink_to(outside)
+    write_atomic(str(tmp_path / "plan.json"), "ours\n", 0o644, Failed)
+    assert not (tmp_path / "plan.json").is_symlink()
+    assert (tmp_path / "plan.json").read_text() == "ours\n" and outside.read_text() == "theirs\n"
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)

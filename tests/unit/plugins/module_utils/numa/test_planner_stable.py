@@ -305,3 +305,20 @@ def test_random_edits_never_move_a_kept_placement(case):
         taken = [cpu for entry in nxt["placements"] for cpu in entry["cpus"]]
         assert len(taken) == len(set(taken))
         services, current = edited, nxt
+
+
+def test_the_run_after_an_edit_records_the_same_plan():
+    """A changed placement is committed after the kept ones; the plan still lists GPUs' users in
+    declaration order, so the next run rewrites nothing."""
+    services = [
+        p("a", gpus=1, mps={"active_thread_percentage": 40}),
+        p("b", gpus=1, mps={"active_thread_percentage": 40}),
+    ]
+    first = make(services)
+    edited = copy.deepcopy(services)
+    edited[0]["cpus"] = 6
+    second = make(edited, before=first)
+    third = make(edited, before=second)
+    assert plan_record_text(third) == plan_record_text(second)
+    (gpu,) = [g for g in second["gpus"] if g["placements"]]
+    assert gpu["placements"] == ["a", "b"] and gpu["mps"]["clients"] == ["a", "b"]

@@ -33,6 +33,7 @@ def test_nothing_recorded(tmp_path):
         "root": str(tmp_path),
         "plan_path": "/etc/numafleet/plan.json",
         "state": "absent",
+        "kind": "absent",
         "error": None,
         "plan": None,
         "files": {},
@@ -57,20 +58,21 @@ def test_plan_and_manifest_digests(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("make", "error"),
+    ("make", "error", "kind"),
     [
-        (lambda real: open(real, "w").write("{not json"), "is not JSON"),
-        (lambda real: open(real, "w").write("[1, 2]"), "is not a JSON object"),
-        (lambda real: os.symlink("/etc/hostname", real), "is a symbolic link"),
-        (os.mkdir, "is not a regular file"),
+        (lambda real: open(real, "w").write("{not json"), "is not JSON", "file"),
+        (lambda real: open(real, "w").write("[1, 2]"), "is not a JSON object", "file"),
+        (lambda real: os.symlink("/etc/hostname", real), "is a symbolic link", "link"),
+        (os.mkdir, "is a directory", "directory"),
     ],
 )
-def test_a_bad_plan_file_is_invalid_with_the_reason(tmp_path, make, error):
+def test_a_bad_plan_file_is_invalid_with_the_reason(tmp_path, make, error, kind):
     real = units.under_root(str(tmp_path), "/etc/numafleet/plan.json")
     os.makedirs(os.path.dirname(real))
     make(real)
     got = read_recorded(str(tmp_path))
     assert got["state"] == "invalid" and got["plan"] is None and error in got["error"]
+    assert got["kind"] == kind
 
 
 def test_a_malformed_manifest_is_named_not_raised(tmp_path):
@@ -94,3 +96,35 @@ def test_gather_facts_publishes_it_and_refuses_a_relative_root(fixture_root, tmp
     assert got["numafleet_recorded"] == read_recorded(str(tmp_path))
     with pytest.raises(NumaTuneError, match="recorded_root: 'etc' is not an absolute path"):
         facts.gather_facts({**base, "recorded_root": "etc"}, False, None, None, None)
+
+
+def test_linked_manifests_and_units_are_read_through_the_link_as_the_modules_do(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "manifest.json").write_text(units.manifest_text({UNIT: ""}))
+    (outside / "unit").write_text("[Service]\n")
+    root = tmp_path / "root"
+    put(root, "/etc/numafleet/keep", "")
+    os.symlink(
+        outside / "manifest.json", units.under_root(str(root), "/etc/numafleet/manifest.json")
+    )
+    real_unit = units.under_root(str(root), UNIT)
+    os.makedirs(os.path.dirname(real_unit))
+    os.symlink(outside / "unit", real_unit)
+    got = read_recorded(str(root))
+    assert got["manifest_errors"] == []
+    assert got["files"][UNIT] == digest("[Service]\n")
+
+
+def test_a_linked_plan_file_is_replaced_even_with_the_same_text(tmp_path):
+    plan = {"version": 1, "host": "h", "placements": []}
+    outside = tmp_path / "outside.json"
+    outside.write_text(units.plan_record_text(plan))
+    real = units.under_root(str(tmp_path / "root"), "/etc/numafleet/plan.json")
+    os.makedirs(os.path.dirname(real))
+    os.symlink(outside, real)
+    change = units.plan_record_change(str(tmp_path / "root"), "/etc/numafleet/plan.json", plan)
+    assert change.state == "update"
+    units.write_files(str(tmp_path / "root"), [change])
+    assert not os.path.islink(real) and read_recorded(str(tmp_path / "root"))["state"] == "present"
+    assert outside.read_text() == units.plan_record_text(plan)
