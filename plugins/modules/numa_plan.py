@@ -388,7 +388,7 @@ ansible_facts:
             - One entry per MPS daemon the plan needs (device UUID, pipe and log directories, clients).
             - C(unit) (V(nvidia-mps@<instance>.service)) and C(instance) (the device UUID; both V(null) while the
               MIG instance it serves is not created yet), C(gpu_uuid) (the physical GPU), C(mig) (whether it serves a
-              MIG device), C(node), C(cpus) and C(mems) (the usable CPUs and nearest memory node of its GPU's node,
+              MIG device), C(node), C(cpus) and C(mems) (the online, not isolated CPUs and nearest memory node of its GPU's node,
               so that one client's change does not change the daemon), C(user) and C(group) (its clients',
               which must agree), C(active_thread_percentage) and C(pinned_memory_limit_kb) (the largest of its
               clients').

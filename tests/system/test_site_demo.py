@@ -472,9 +472,9 @@ def test_mps_daemons_are_rendered_with_their_clients(fleet):
     assert any("set_default_active_thread_percentage 50" in line for line in whole)
     assert any("set_default_device_pinned_mem_limit 0 16384M" in line for line in whole)
     mig = files[f"{UNITS}/nvidia-mps@{MIG_DEVICE_2G}.service.d/50-numafleet.conf"]
-    # pinned to the node of its GPU (node 0's usable CPUs), not to its one client's CPUs
-    assert "EXCLUSIVE_PROCESS" not in mig and "CPUAffinity=1-31,65-95" in mig
-    assert "CPUAffinity=1-31,65-95" in "\n".join(whole)
+    # pinned to the node of its GPU (node 0's online CPUs), not to its one client's CPUs
+    assert "EXCLUSIVE_PROCESS" not in mig and "CPUAffinity=0-31,64-95" in mig
+    assert "CPUAffinity=0-31,64-95" in "\n".join(whole)
     client = _unit(fleet, "gpu-a100-01", "numafleet-rerank-mini-a.service")
     assert f"Requires=nvidia-mps@{MIG_DEVICE_2G}.service" in client
     assert f"After=nvidia-mps@{MIG_DEVICE_2G}.service" in client

@@ -712,7 +712,6 @@ class _Planner:
         self.placements = placements
         self.slices = slices  # tenant name -> its slice unit, escaped once per plan
         self.out: list = []
-        self.warnings: list = []
         # placement index -> (PCI device of near:, whether node: was written too)
         self.anchors: dict = {}
         # placement name -> "kept", "new", or why it was planned again (stable plans)
@@ -1544,8 +1543,6 @@ class _Planner:
                     "placement from its GPUs; remove it",
                 )
             environment[key] = value
-        for text in warnings:
-            self.warnings.append(f"placement {p.name}: {text}")
         tenant_slice_name = self.slices[p.tenant] if p.tenant else DEFAULT_SLICE
         return {
             "name": p.name,
@@ -1969,8 +1966,9 @@ def _daemon_details(
 
     A daemon serves its clients only when they run as the user it runs as (its pipe directory is
     0700), so the clients of one daemon must share one user; raises PlacementError otherwise.
-    The daemon runs on the usable CPUs of its GPU's node (of its first client's node when the
-    GPU's node is unknown or has no CPUs) and binds memory to that node's nearest memory node:
+    The daemon runs on the online, not isolated CPUs of its GPU's node (of its first client's
+    node when the GPU's node is unknown or has no CPUs; housekeeping CPUs included) and binds
+    memory to that node's nearest memory node:
     not on the union of its clients' CPUs, so that adding, removing or resizing one client does
     not change the daemon's unit and restart, through Requires=, every other client.
     """
@@ -2003,6 +2001,14 @@ def _daemon_details(
         node = gpu.cpu_node if gpu is not None and gpu.cpu_node in state.usable else None
         if node is None:
             node = clients[0]["node"]
+        # The node's online CPUs but isolated ones, reserved (housekeeping) CPUs included: a
+        # control daemon, whose pinning then changes only with the node, not with
+        # numafleet_reserved_cpus or the other placements.
+        cpus = [
+            cpu
+            for cpu in state.node[node].get("cpus") or ()
+            if cpu in state.online and cpu not in state.isolated
+        ]
         daemon.update(
             {
                 "instance": instance,
@@ -2010,7 +2016,7 @@ def _daemon_details(
                 "gpu_uuid": gpu_uuid.get(daemon["gpu_address"]),
                 "mig": mig,
                 "node": node,
-                "cpus": list(state.usable.get(node) or clients[0]["cpus"]),
+                "cpus": cpus or list(clients[0]["cpus"]),
                 "mems": state.near_mem[node][:1] or list(clients[0]["mems"]),
                 "user": clients[0]["user"],
                 "group": clients[0]["group"],
@@ -2078,6 +2084,12 @@ def parse_recorded(host: str, recorded: Optional[dict], path: str) -> Optional[d
         return PlanError(host, f"the recorded plan {path} {why}; {_RECORDED_FIX}")
 
     if recorded.get("state") != "present":
+        if recorded.get("kind") in ("directory", "other"):
+            raise PlanError(
+                host,
+                f"the recorded plan {path} {recorded.get('error') or 'is not a regular file'}; "
+                "move it away (numafleet writes a regular file there)",
+            )
         raise refuse(recorded.get("error") or "cannot be read")
     plan = recorded.get("plan")
     if not isinstance(plan, dict) or not isinstance(plan.get("placements"), list):
@@ -2253,7 +2265,12 @@ def plan_host(
         "mps_daemons": daemons,
         "mig_gpus": _mig_gpus_out(gpus_out),
         "stability": dict(sorted(planner.keep.items())),
-        "warnings": planner.warnings,
+        # In declaration order, whatever order kept and new placements were committed in.
+        "warnings": [
+            f"placement {entry['name']}: {text}"
+            for entry in planner.out
+            for text in entry["warnings"]
+        ],
     }
 
 

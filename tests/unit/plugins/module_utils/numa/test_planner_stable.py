@@ -322,3 +322,23 @@ def test_the_run_after_an_edit_records_the_same_plan():
     assert plan_record_text(third) == plan_record_text(second)
     (gpu,) = [g for g in second["gpus"] if g["placements"]]
     assert gpu["placements"] == ["a", "b"] and gpu["mps"]["clients"] == ["a", "b"]
+
+
+def test_an_mps_daemon_does_not_follow_the_reserved_cpus():
+    services = [p("a", gpus=1, mps={}), p("b", gpus=1, mps={}), p("c", cpus=2)]
+    first = make(services)
+    policy = dict(POLICY, reserved_cpus="11,23")  # a core no placement uses
+    again = make(services, before=first, policy=policy)
+    assert set(again["stability"].values()) == {"kept"}
+    assert again["mps_daemons"] == first["mps_daemons"]
+
+
+def test_warnings_keep_declaration_order_when_a_placement_is_planned_again():
+    numa = host(isolated=(10, 11, 12, 13))
+    services = [p("a", cpus="10-11"), p("b", cpus="12-13")]
+    first = make(services, numa=numa)
+    edited = copy.deepcopy(services)
+    edited[0]["memory"] = "3G"  # planned again, after b
+    second = make(edited, before=first, numa=numa)
+    assert [w.split(":")[0] for w in second["warnings"]] == ["placement a", "placement b"]
+    assert plan_record_text(make(edited, before=second, numa=numa)) == plan_record_text(second)
