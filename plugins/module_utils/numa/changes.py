@@ -18,32 +18,20 @@ from typing import Optional
 from . import mps, units
 from .planner import placement_text
 from .recorded import MANIFEST_PATHS, digest
-from .units import FileChange, unit_of
+from .units import unit_of
 
 # systemd.unit(5): a unit listing one of these on X is stopped or restarted with X.
 PROPAGATING = ("Requires", "BindsTo", "PartOf")
-MIG_LAYOUT_OWNER = "numafleet.tuning.nvidia_mig"
 
 
 def file_changes(desired: dict, recorded: dict, owned) -> list:
-    """FileChange per path (texts left None) from desired texts and recorded digests.
+    """units.plan_changes on digests: desired texts against the recorded digests of owned files.
 
-    recorded maps a host path to the sha256 digest read there (None: absent); owned are the
-    paths the last apply wrote. A desired path is created, updated or unchanged; an owned path
-    no longer desired and still present is removed.
+    recorded maps a host path to the sha256 digest read there (None: absent); the FileChanges
+    carry digests, not texts.
     """
-    changes = []
-    for path in sorted(set(desired) | set(owned)):
-        before = recorded.get(path)
-        if path in desired:
-            if before is None:
-                state = "create"
-            else:
-                state = "unchanged" if before == digest(desired[path]) else "update"
-            changes.append(FileChange(path, state, None, None))
-        elif before is not None:
-            changes.append(FileChange(path, "remove", None, None))
-    return changes
+    wanted = {path: digest(text) for path, text in desired.items()}
+    return units.plan_changes(recorded, wanted, owned)
 
 
 def dependents(texts: dict) -> dict:

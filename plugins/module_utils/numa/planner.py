@@ -161,41 +161,29 @@ class _Gpu:
     def mig_capable(self) -> bool:
         return self.mig_profiles is not None
 
-    def mig_pick(self, profile: str) -> Optional[tuple]:
-        """(start, size, device_uuid, existing) of the instance a new MIG client gets, or None."""
-        for start, size, name, uuid in self.mig_existing:
-            if name == profile and start not in self.claimed:
-                return start, size, uuid, True
+    def mig_pick(self, profile: str, start: Optional[int] = None) -> Optional[tuple]:
+        """(start, size, device_uuid, existing) of the instance a new MIG client gets, or None.
+
+        start: only the instance at that slice (a kept placement's recorded slot).
+        """
+        for slot_start, size, name, uuid in self.mig_existing:
+            if start is not None and slot_start != start:
+                continue
+            if name == profile and slot_start not in self.claimed:
+                return slot_start, size, uuid, True
         if self.mig_declared is not None and self.mig_declared.layout is not None:
             # A declared layout is exact: only its instances still to be created are left.
             for slot in self.slots:
-                if slot[2] == profile and not slot[5] and slot[4] is None:
-                    return slot[0], slot[1], None, False
-            return None
-        for start, size in self.mig_profiles.get(profile) or ():
-            end = start + size
-            if all(end <= s or start >= s + z for s, z, *dummy in self.slots):
-                return start, size, None, False
-        return None
-
-    def mig_pick_at(self, profile: str, start: int) -> Optional[tuple]:
-        """mig_pick for the instance at start only (a kept placement's slot), or None."""
-        for slot_start, size, name, uuid in self.mig_existing:
-            if slot_start == start:
-                if name == profile and start not in self.claimed:
-                    return start, size, uuid, True
-                return None
-        if self.mig_declared is not None and self.mig_declared.layout is not None:
-            for slot in self.slots:
-                if slot[0] == start and slot[2] == profile and not slot[5] and slot[4] is None:
-                    return slot[0], slot[1], None, False
+                if (start is None or slot[0] == start) and slot[2] == profile:
+                    if not slot[5] and slot[4] is None:
+                        return slot[0], slot[1], None, False
             return None
         for slot_start, size in self.mig_profiles.get(profile) or ():
-            if slot_start != start:
+            if start is not None and slot_start != start:
                 continue
-            end = start + size
-            if all(end <= s or start >= s + z for s, z, *dummy in self.slots):
-                return start, size, None, False
+            end = slot_start + size
+            if all(end <= s or slot_start >= s + z for s, z, *dummy in self.slots):
+                return slot_start, size, None, False
         return None
 
     def mps_room(self, pinned_kb: int) -> bool:
@@ -1812,7 +1800,7 @@ class _Planner:
             if mig is not None:
                 if not gpu.mig_capable or p.mig_profile is None:
                     return f"GPU {gpu.address} no longer serves MIG instances"
-                pick = gpu.mig_pick_at(p.mig_profile, mig["placement_start"])
+                pick = gpu.mig_pick(p.mig_profile, mig["placement_start"])
                 if pick is None:
                     return (
                         f"its MIG slot {p.mig_profile}@{mig['placement_start']} of GPU "
@@ -2087,8 +2075,8 @@ def parse_recorded(host: str, recorded: Optional[dict], path: str) -> Optional[d
         if recorded.get("kind") in ("directory", "other"):
             raise PlanError(
                 host,
-                f"the recorded plan {path} {recorded.get('error') or 'is not a regular file'}; "
-                "move it away (numafleet writes a regular file there)",
+                f"the recorded plan {path} {recorded.get('error') or 'is not a regular file'}: "
+                "move it away (numafleet_repack: true cannot replace it). Nothing was changed.",
             )
         raise refuse(recorded.get("error") or "cannot be read")
     plan = recorded.get("plan")

@@ -17,7 +17,7 @@ import stat
 from typing import Optional
 
 from .errors import NumaTuneError
-from .units import parse_manifest, under_root
+from .units import read_manifest, under_root
 
 PLAN_PATH = "/etc/numafleet/plan.json"
 MANIFEST_PATHS = ("/etc/numafleet/manifest.json", "/etc/numafleet/mps-units.json")
@@ -104,13 +104,9 @@ def read_recorded(root: str, plan_path: str = PLAN_PATH, manifest_paths=MANIFEST
         if found is None:
             continue
         files[manifest] = found
-        if found in ("other", "unreadable"):
-            errors.append(f"{real}: is not a readable regular file")
-            continue
         try:
-            with open(real, encoding="utf-8", errors="replace") as handle:
-                listed = parse_manifest(handle.read(), real)
-        except (OSError, NumaTuneError) as exc:
+            listed = read_manifest(root, manifest).files  # as pinned_units / nvidia_mps read it
+        except NumaTuneError as exc:
             errors.append(str(exc))
             continue
         for path in listed:
