@@ -26,7 +26,7 @@ export PATH := $(BIN):$(PATH)
 export ANSIBLE_NOCOLOR := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: bench help setup demo docs test lint ruff yamllint ansible-lint sanity units integration system vm vm-up vm-verify vm-login vm-down changelog-lint changelog format clean
+.PHONY: bench gpu-proof help setup demo docs test lint ruff yamllint ansible-lint sanity units integration system vm vm-up vm-verify vm-login vm-down changelog-lint changelog format clean
 
 help:
 	@echo "make setup          create .venv from requirements-dev.txt and the .collections symlink"
@@ -37,6 +37,7 @@ help:
 	@echo "make vm-up|vm-verify|vm-login|vm-down   the same step by step, the guest left running"
 	@echo "make bench          the benchmarks (facts, planner, 50-200 host fleet; about 40 minutes), results in benchmarks/results/"
 	@echo "make integration    ansible-test integration on a copy of the tree"
+	@echo "make gpu-proof      on an NVIDIA GPU host: the GPU proof kit (tests/gpu/README.md), evidence in reports/gpu-proof/"
 	@echo "make docs           regenerate docs/host_variables.md from the schema of the host variables"
 	@echo "make format         ruff format + safe ruff fixes on plugins/ tests/ benchmarks/ .ci/ docs/"
 	@echo "make changelog      release notes for galaxy.yml's version from changelogs/fragments"
@@ -111,6 +112,13 @@ bench: setup
 	$(BIN)/python benchmarks/planner.py || rc=1; \
 	$(BIN)/python benchmarks/fleet.py || rc=1; \
 	exit $$rc
+
+# Layer 5, on a real NVIDIA GPU host (not part of `make test`; no venv: it runs under the host's
+# python3 with its CUDA stack, PYTHON=... to choose). Reads the GPU and runs user-space CUDA and MPS
+# processes only. Without an NVIDIA driver every check is skipped and it exits 0.
+GPU_PROOF_OUT ?= reports/gpu-proof
+gpu-proof:
+	bash tests/gpu/run.sh $(GPU_PROOF_OUT)
 
 integration: setup
 	.ci/ansible-test integration $(ANSIBLE_TEST_ARGS)

@@ -1,0 +1,696 @@
+"""Checks 4-5 of the GPU proof kit: processes started the way the rendered units start them.
+
+Nothing here changes a GPU setting: CUDA programs run in user space, and the MPS control daemon
+runs in a private pipe directory and is told to quit at the end. The compute-mode change of the
+MPS drop-in's ExecStartPre= is reported, never run.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import json
+import os
+import platform
+import select
+import shlex
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+from gpu_proof import Check, Context, Skip, c_environment
+from proof_facts import nvidia_entries, reader_of
+
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import (
+    facts as numa_facts,
+)
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import (
+    gpu,
+    locality,
+    mps,
+    planner,
+    units,
+)
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa.cpulist import (
+    format_cpulist,
+    parse_cpulist,
+)
+
+PLACEMENT = "gpu-proof"
+MPS_PLACEMENT = "gpu-proof-mps"
+MPS_THREADS_PCT = 25
+MPS_PINNED_MIB = 2048
+PIN_MIB = 256
+CLIENT_WAIT_S = 120
+MPS_CYCLES = 3  # start -> settings right away -> read back -> quit; the last one runs a client
+MPS_EXIT_WAIT_S = 15
+MADE_UP_UUID = "GPU-00000000-0000-0000-0000-000000000000"
+# set_mempolicy(2) numbers and MPOL_BIND (linux/mempolicy.h), for what systemd's NUMAPolicy=bind
+# with NUMAMask= does to a service.
+SET_MEMPOLICY = {"x86_64": 238, "aarch64": 237, "ppc64le": 261, "s390x": 237}
+MPOL_BIND = 2
+MPS_NAMES = ("nvidia-cuda-mps-control", "nvidia-cuda-mps-server")
+
+
+# ---------------------------------------------------------------------------------------------
+# Facts -> plan -> unit
+
+
+def host_facts(ctx: Context) -> tuple:
+    """(numa facts, gpu facts) as the kit saw them, gathered now when check 1 could not."""
+    numa = ctx.numa_facts or numa_facts.read_numa_facts(reader_of(ctx))
+    ctx.numa_facts = numa
+    facts = ctx.gpu_facts
+    if facts is None and ctx.smi_state is not None and ctx.smi_state.nvidia_smi["used"]:
+        facts = gpu.read_gpu_topology(reader_of(ctx), ctx.smi_state)
+        ctx.gpu_facts = facts
+    if facts is None:
+        raise Skip("no GPU facts: neither NVML nor nvidia-smi answered")
+    return numa, facts
+
+
+def pick_gpu(facts: dict) -> dict:
+    for entry in nvidia_entries(facts):
+        if entry.get("uuid") and (entry.get("mig") or {}).get("mode_current") != "enabled":
+            return entry
+    raise Skip("no NVIDIA GPU with a UUID outside MIG mode (the kit never changes MIG mode)")
+
+
+def plan_placement(numa: dict, facts: dict, entry: dict, name: str, extra: dict) -> tuple:
+    """(plan, placement) of one placement on ``entry``'s GPU, as numa_plan would plan it."""
+    node = entry["node"] if entry["node"] is not None else None
+    usable = [n for n in numa["nodes"] if n.get("cpus")]
+    if node is not None:
+        usable = [n for n in usable if n["id"] == node] or usable
+    cpus = max(1, min(4, len(usable[0]["cpus"]) if usable else 1))
+    wanted = {
+        "name": name,
+        "exec": "/bin/true",
+        "gpus": [entry["address"]],
+        "cpus": cpus,
+        "memory": "1G",
+    }
+    wanted.update(extra)
+    plan = planner.plan_host("gpu-proof", numa, facts, [wanted], [], {})
+    placement = next(p for p in plan["placements"] if p["name"] == name)
+    return plan, placement
+
+
+def rendered_service(plan: dict, placement: dict) -> str:
+    files = units.render_files(plan, unit_dir="/etc/systemd/system")
+    for path, text in files.items():
+        if os.path.basename(path) == placement["unit"]:
+            return text
+    raise AssertionError(f"no unit {placement['unit']} among {sorted(files)}")
+
+
+def unit_settings(text: str) -> dict:
+    """{key: [values]} of a rendered unit's [Service] section; Environment= as {name: value}.
+
+    Enough of systemd.syntax(7) for what the collection renders: one setting per line, double
+    quoted Environment= words, ``%%`` for a literal ``%``.
+    """
+    settings: dict = {"Environment": {}}
+    section = None
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("["):
+            section = line.strip("[]")
+            continue
+        if section != "Service" or "=" not in line:
+            continue
+        key, value = line.split("=", 1)
+        if key == "Environment":
+            for word in shlex.split(value):
+                name, dummy, val = word.partition("=")
+                settings["Environment"][name] = val.replace("%%", "%")
+        else:
+            settings.setdefault(key, []).append(value)
+    return settings
+
+
+# ---------------------------------------------------------------------------------------------
+# Starting a process as systemd would pin it
+
+
+def _set_mempolicy(nodes: list) -> Optional[str]:
+    """MPOL_BIND to ``nodes`` for the calling process; None, or why it could not be set."""
+    number = SET_MEMPOLICY.get(platform.machine())
+    if number is None:
+        return f"set_mempolicy: no syscall number known for {platform.machine()}"
+    bits = max(nodes) + 1 if nodes else 1
+    words = (bits + 63) // 64
+    mask = (ctypes.c_ulong * words)()
+    for node in nodes:
+        mask[node // 64] |= 1 << (node % 64)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(number, MPOL_BIND, mask, ctypes.c_ulong(words * 64 + 1)) != 0:
+        return f"set_mempolicy: {os.strerror(ctypes.get_errno())}"
+    return None
+
+
+def pinning(cpus: list, mems: list):
+    """preexec_fn doing what CPUAffinity= and NUMAPolicy=bind + NUMAMask= do before exec."""
+
+    def apply() -> None:
+        os.sched_setaffinity(0, cpus)
+        why = _set_mempolicy(mems) if mems else None
+        if why:
+            os.write(2, f"gpu-proof: {why}\n".encode())
+
+    return apply
+
+
+@dataclasses.dataclass
+class Client:
+    process: subprocess.Popen
+    events: list
+
+    def event(self, kind: str) -> Optional[dict]:
+        return next((e for e in self.events if e.get("event") == kind), None)
+
+
+def start_client(
+    ctx: Context,
+    mode: str,
+    env: dict,
+    cpus: Optional[list] = None,
+    mems: Optional[list] = None,
+    wait_for: str = "ready",
+) -> Client:
+    """Start the client and read its JSON lines until ``wait_for`` (or error, or exit)."""
+    argv = [ctx.python, ctx.client, mode, str(PIN_MIB)]
+    process = subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
+        preexec_fn=pinning(cpus, mems or []) if cpus else None,
+    )
+    client = Client(process, [])
+    deadline = time.monotonic() + ctx.left_s(CLIENT_WAIT_S)
+    while time.monotonic() < deadline:
+        ready, dummy, dummy = select.select([process.stdout], [], [], 1.0)
+        if not ready:
+            if process.poll() is not None:
+                break
+            continue
+        line = process.stdout.readline()
+        if not line:
+            break
+        try:
+            client.events.append(json.loads(line))
+        except ValueError:
+            client.events.append({"event": "text", "text": line.rstrip()})
+        if client.events[-1].get("event") in (wait_for, "error"):
+            break
+    return client
+
+
+def stop_client(client: Client) -> str:
+    """End the client (a line on stdin, then TERM/KILL); its stderr."""
+    process = client.process
+    try:
+        if process.poll() is None:
+            process.stdin.write("exit\n")
+            process.stdin.flush()
+    except OSError:
+        pass
+    try:
+        dummy, err = process.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        dummy, err = process.communicate()
+    return err or ""
+
+
+def buffer_mapping(procfs_root: str, pid: int, address: int) -> dict:
+    """The /proc/<pid>/maps range holding ``address`` and its /proc/<pid>/numa_maps line, read
+    with the collection's numa_maps parser: {range, path, numa_maps, kb_by_node}."""
+    found: dict = {"range": None, "path": None, "numa_maps": None, "kb_by_node": None}
+    base = Path(procfs_root, str(pid))
+    for line in (base / "maps").read_text().splitlines():
+        fields = line.split()
+        start, dummy, end = fields[0].partition("-")
+        if int(start, 16) <= address < int(end, 16):
+            found["range"] = fields[0]
+            found["path"] = fields[5] if len(fields) > 5 else None
+            break
+    if found["range"] is None:
+        return found
+    start = found["range"].split("-")[0]
+    for line in (base / "numa_maps").read_text().splitlines():
+        if line.split(" ", 1)[0].lstrip("0") == start.lstrip("0"):
+            found["numa_maps"] = line
+            maps = locality.parse_numa_maps(line, f"{base}/numa_maps")
+            nodes: dict = {}
+            for table in (maps.anon_kb_by_node, maps.huge_kb_by_node, maps.file_kb_by_node):
+                for node, kb in table.items():
+                    nodes[node] = nodes.get(node, 0) + kb
+            found["kb_by_node"] = {str(node): kb for node, kb in sorted(nodes.items())}
+            break
+    return found
+
+
+def policies(procfs_root: str, pid: int) -> dict:
+    """{policy word of /proc/<pid>/numa_maps: mappings} (e.g. {"bind:0": 40, "default": 2})."""
+    seen: dict = {}
+    for line in Path(procfs_root, str(pid), "numa_maps").read_text().splitlines():
+        fields = line.split()
+        if len(fields) > 1:
+            seen[fields[1]] = seen.get(fields[1], 0) + 1
+    return dict(sorted(seen.items()))
+
+
+def off_node_share(maps, mems: list) -> Optional[float]:
+    total = off = 0
+    for table in (maps.anon_kb_by_node, maps.huge_kb_by_node):
+        for node, kb in table.items():
+            total += kb
+            off += kb if node not in mems else 0
+    return round(off / total, 4) if total else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Check 4
+
+
+def check_cuda_visibility(ctx: Context, check: Check) -> None:
+    """Check 4: plan a placement on the GPU, render its unit, start a CUDA process with that
+    unit's environment and pinning, and see what it sees and where its memory lands."""
+    numa, facts = host_facts(ctx)
+    entry = pick_gpu(facts)
+    plan, placement = plan_placement(numa, facts, entry, PLACEMENT, {})
+    cpus, mems = placement["cpus"], placement["mems"]
+    check.add(
+        "plan",
+        [g.get("uuid") for g in placement["gpus"]] == [entry["uuid"]],
+        {
+            "node": placement.get("memory_node"),
+            "cpus": cpus,
+            "mems": mems,
+            "gpus": placement["gpus"],
+            "warnings": placement["warnings"],
+        },
+        expected=f"the placement gets {entry['address']}",
+    )
+    text = rendered_service(plan, placement)
+    settings = unit_settings(text)
+    env = settings["Environment"]
+    ctx.write("cuda-client.txt", f"## rendered unit {placement['unit']}\n{text}\n")
+    check.add(
+        "unit_environment",
+        env.get("CUDA_VISIBLE_DEVICES") == entry["uuid"]
+        and env.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID"
+        and settings.get("CPUAffinity") == [format_cpulist(cpus)]
+        and settings.get("NUMAMask") == [format_cpulist(mems)],
+        {
+            "Environment": env,
+            "CPUAffinity": settings.get("CPUAffinity"),
+            "NUMAPolicy": settings.get("NUMAPolicy"),
+            "NUMAMask": settings.get("NUMAMask"),
+        },
+        expected={
+            "CUDA_VISIBLE_DEVICES": entry["uuid"],
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            "CPUAffinity": format_cpulist(cpus),
+            "NUMAMask": format_cpulist(mems),
+        },
+    )
+    unit_cpus = parse_cpulist(settings["CPUAffinity"][0]) if settings.get("CPUAffinity") else cpus
+    unit_mems = parse_cpulist(settings["NUMAMask"][0]) if settings.get("NUMAMask") else mems
+    client = start_client(ctx, "hold", c_environment(env), unit_cpus, unit_mems)
+    try:
+        _judge_client(ctx, check, client, entry, unit_cpus, unit_mems)
+    finally:
+        err = stop_client(client)
+        ctx.append(
+            "cuda-client.txt",
+            "## client events\n"
+            + "".join(json.dumps(e, sort_keys=True) + "\n" for e in client.events)
+            + f"## client stderr\n{err}\n",
+        )
+    check.add(
+        "client_exit",
+        client.process.returncode == 0,
+        {
+            "rc": client.process.returncode,
+            "stderr": [line for line in err.splitlines() if line.strip()][-5:],
+        },
+    )
+    control = start_client(
+        ctx,
+        "count",
+        c_environment({**env, "CUDA_VISIBLE_DEVICES": MADE_UP_UUID}),
+        wait_for="devices",
+    )
+    stop_client(control)
+    seen = control.event("devices")
+    check.add(
+        "uuid_selects",
+        seen is not None and seen.get("count") == 0,
+        {"CUDA_VISIBLE_DEVICES": MADE_UP_UUID, "devices": seen},
+        expected="no device: CUDA honours the UUID form rather than ignoring it",
+    )
+
+
+def _judge_client(
+    ctx: Context, check: Check, client: Client, entry: dict, cpus: list, mems: list
+) -> None:
+    seen, ready = client.event("devices"), client.event("ready")
+    error = client.event("error")
+    devices = (seen or {}).get("devices") or []
+    check.add(
+        "visible_device",
+        len(devices) == 1 and devices[0].get("uuid") == entry["uuid"],
+        {
+            "count": (seen or {}).get("count"),
+            "devices": devices,
+            "error": error,
+            "framework": (seen or {}).get("framework"),
+            "version": (seen or {}).get("version"),
+        },
+        expected=f"exactly {entry['uuid']}",
+    )
+    if devices and devices[0].get("address"):
+        check.add(
+            "device_address",
+            devices[0]["address"] == entry["address"],
+            devices[0]["address"],
+            expected=entry["address"],
+        )
+    if ready is None:
+        check.add(
+            "pinned_buffer_node",
+            False,
+            {"events": client.events},
+            expected="the client pinned its buffer and said ready",
+        )
+        return
+    pid = ready["pid"]
+    found = locality.read_process(ctx.procfs_root, pid)
+    if found is None:
+        check.add("cpu_affinity", False, "the client exited before it was read")
+        return
+    status, maps = found
+    check.add(
+        "cpu_affinity",
+        list(status.cpus_allowed) == list(cpus) and ready.get("cpus_allowed") == list(cpus),
+        {
+            "Cpus_allowed_list": list(status.cpus_allowed),
+            "sched_getaffinity": ready.get("cpus_allowed"),
+        },
+        expected=cpus,
+    )
+    words = policies(ctx.procfs_root, pid)
+    bound = f"bind:{format_cpulist(mems)}"
+    check.add("memory_policy", bound in words, words, expected=f"mappings with {bound}")
+    mapping = buffer_mapping(ctx.procfs_root, pid, int(ready["buffer_address"]))
+    mapping.update(allocator=ready.get("allocator"), bytes=ready.get("buffer_bytes"))
+    nodes = {int(node) for node in (mapping["kb_by_node"] or {})}
+    if mapping["numa_maps"] is None:
+        check.add(
+            "pinned_buffer_node",
+            None,
+            mapping,
+            note="the buffer's mapping is not in numa_maps: the kernel cannot tell its node",
+        )
+    elif not nodes:
+        check.add(
+            "pinned_buffer_node",
+            None,
+            mapping,
+            note="numa_maps lists the buffer's mapping without per-node pages (a driver "
+            "mapping): this machine cannot tell its node",
+        )
+    else:
+        check.add("pinned_buffer_node", nodes <= set(mems), mapping, expected=f"nodes {mems}")
+    share = off_node_share(maps, mems)
+    check.add(
+        "process_memory",
+        share is not None and share <= 0.02,
+        {
+            "anon_kb_by_node": maps.anon_kb_by_node,
+            "huge_kb_by_node": maps.huge_kb_by_node,
+            "off_node_share": share,
+        },
+        expected="at most 2% of anonymous + hugetlb memory off the planned nodes",
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Check 5
+
+
+def mps_processes(procfs_root: str) -> dict:
+    """{pid: argv0 basename} of the MPS control daemons and servers running now."""
+    found = {}
+    for entry in Path(procfs_root).iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv0 = (entry / "cmdline").read_bytes().split(b"\0", 1)[0].decode(errors="replace")
+        except OSError:
+            continue
+        name = os.path.basename(argv0)
+        if name in MPS_NAMES:
+            found[int(entry.name)] = name
+    return found
+
+
+def _exec_argv(value: str) -> list:
+    """argv of an Exec*= value the collection renders (a leading + or - prefix dropped)."""
+    return shlex.split(value.lstrip("+-"))
+
+
+def _mps_setup(ctx: Context, check: Check) -> tuple:
+    numa, facts = host_facts(ctx)
+    entry = pick_gpu(facts)
+    control = ctx.which("nvidia-cuda-mps-control")
+    if control is None:
+        raise Skip("nvidia-cuda-mps-control is not in PATH")
+    if entry.get("compute_mode") in ("prohibited", "exclusive_thread"):
+        raise Skip(f"the GPU's compute mode is {entry['compute_mode']} (left as it is)")
+    running = mps_processes(ctx.procfs_root)
+    if running:
+        raise Skip(f"an MPS daemon already runs here ({running}); left alone")
+    plan, placement = plan_placement(
+        numa,
+        facts,
+        entry,
+        MPS_PLACEMENT,
+        {
+            "mps": {
+                "active_thread_percentage": MPS_THREADS_PCT,
+                "pinned_memory_limit": f"{MPS_PINNED_MIB}M",
+            }
+        },
+    )
+    daemons, warnings = mps.plan_daemons(plan)
+    check.add(
+        "plan",
+        len(daemons) == 1 and not warnings,
+        {
+            "daemons": [d.as_dict() for d in daemons],
+            "warnings": warnings,
+            "client_environment": placement["environment"],
+        },
+    )
+    if len(daemons) != 1:
+        raise Skip("the plan has no MPS daemon to run")
+    header = units.header_lines(units.DEFAULT_HEADER)
+    smi = ctx.which("nvidia-smi") or mps.DEFAULT_NVIDIA_SMI
+    template = mps.render_template(header, control)
+    dropin = mps.render_dropin(daemons[0], header, control, smi)
+    ctx.write(
+        "mps-transcript.txt",
+        f"## nvidia-mps@.service\n{template}\n## drop-in of {daemons[0].unit}\n{dropin}\n",
+    )
+    return entry, placement, daemons[0], control, template, dropin
+
+
+def check_mps(ctx: Context, check: Check) -> None:
+    """Check 5: MPS daemon as the rendered template + drop-in run it, in a private pipe dir."""
+    entry, placement, daemon, control, template, dropin = _mps_setup(ctx, check)
+    base = unit_settings(template)
+    extra = unit_settings(dropin)
+    check.add(
+        "compute_mode_untouched",
+        None,
+        extra.get("ExecStartPre"),
+        note="ExecStartPre= sets EXCLUSIVE_PROCESS and ExecStopPost= DEFAULT; the kit "
+        "never changes a compute mode, so MPS ran in the GPU's current mode "
+        f"({entry.get('compute_mode')})",
+    )
+    top = Path(tempfile.mkdtemp(prefix="numafleet-mps-"))
+    pipe, log = top / "pipe", top / "log"
+    pipe.mkdir(mode=0o700)
+    log.mkdir(mode=0o700)
+    env = {
+        name: value.replace("%i", daemon.instance) for name, value in base["Environment"].items()
+    }
+    env.update(CUDA_MPS_PIPE_DIRECTORY=str(pipe), CUDA_MPS_LOG_DIRECTORY=str(log))
+    daemon_env = c_environment(env)
+    private = dataclasses.replace(daemon, pipe_dir=str(pipe), log_dir=str(log))
+
+    def runner(argv, stdin, environment):
+        return ctx.run(
+            argv, stdin=stdin, env=c_environment({**env, **(environment or {})}), cap_s=30
+        )
+
+    before = set(mps_processes(ctx.procfs_root))
+    cycles = []
+    try:
+        for number in range(1, MPS_CYCLES + 1):
+            cycles.append(
+                _mps_cycle(
+                    ctx,
+                    check,
+                    number,
+                    base,
+                    extra,
+                    daemon_env,
+                    runner,
+                    private,
+                    control,
+                    placement,
+                    entry,
+                    before,
+                )
+            )
+    finally:
+        leftover = {
+            pid: name for pid, name in mps_processes(ctx.procfs_root).items() if pid not in before
+        }
+        for pid in leftover:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        killed = time.monotonic()
+        while set(leftover) & set(mps_processes(ctx.procfs_root)):
+            if time.monotonic() - killed > MPS_EXIT_WAIT_S:
+                break
+            time.sleep(0.1)
+        logs = "".join(
+            f"## {path.name}\n{path.read_text(errors='replace')[-4000:]}\n"
+            for path in sorted(log.glob("*"))
+            if path.is_file()
+        )
+        ctx.append("mps-transcript.txt", "## cycles\n" + json.dumps(cycles, indent=1) + f"\n{logs}")
+    check.add(
+        "nothing_left_running",
+        not leftover,
+        leftover,
+        expected="no MPS control daemon or server of the kit's left after quit",
+    )
+    posts = [post for cycle in cycles for post in cycle.get("post", [])]
+    check.add(
+        "settings_right_after_start",
+        bool(posts)
+        and all(post["rc"] == 0 for post in posts)
+        and all(cycle.get("read_back") == cycle.get("planned") for cycle in cycles),
+        [{"post": c.get("post"), "read_back": c.get("read_back")} for c in cycles],
+        expected=f"every ExecStartPost= command accepted at once, in all {MPS_CYCLES} starts",
+        note="ExecStartPost= runs as soon as 'nvidia-cuda-mps-control -d' returns (Type=forking)",
+    )
+
+
+def _mps_cycle(
+    ctx, check, number, base, extra, daemon_env, runner, private, control, placement, entry, before
+) -> dict:
+    cycle: dict = {"cycle": number}
+    started = time.monotonic()
+    rc, out, err = ctx.run(_exec_argv(base["ExecStart"][0]), env=daemon_env, cap_s=30)
+    cycle["start"] = {
+        "rc": rc,
+        "seconds": round(time.monotonic() - started, 3),
+        "output": (out + err).strip()[:400],
+    }
+    if rc != 0:
+        check.add(f"cycle{number}.start", False, cycle["start"])
+        return cycle
+    cycle["post"] = []
+    for value in extra.get("ExecStartPost", []):
+        rc, out, err = ctx.run(_exec_argv(value), env=daemon_env, cap_s=30)
+        cycle["post"].append(
+            {
+                "command": value,
+                "rc": rc,
+                "after_s": round(time.monotonic() - started, 3),
+                "output": (out + err).strip()[:400],
+            }
+        )
+    found = mps.read_settings(runner, control, private)
+    cycle["planned"] = {s.name: s.planned for s in found}
+    cycle["read_back"] = {s.name: s.running for s in found}
+    if number == MPS_CYCLES:
+        _mps_client(ctx, check, control, runner, private, placement, entry, cycle)
+    stopped = time.monotonic()
+    rc, out, err = ctx.run(_exec_argv(base["ExecStop"][0]), env=daemon_env, cap_s=30)
+    cycle["stop"] = {"rc": rc, "output": (out + err).strip()[:400]}
+    while time.monotonic() - stopped < MPS_EXIT_WAIT_S:
+        if not set(mps_processes(ctx.procfs_root)) - before:
+            break
+        time.sleep(0.2)
+    cycle["stop"]["gone_after_s"] = round(time.monotonic() - stopped, 3)
+    return cycle
+
+
+def _mps_client(ctx, check, control, runner, private, placement, entry, cycle) -> None:
+    env = dict(placement["environment"])
+    env["CUDA_MPS_PIPE_DIRECTORY"] = private.pipe_dir
+    client = start_client(ctx, "hold", c_environment(env))
+    try:
+        seen, ready = client.event("devices"), client.event("ready")
+        devices = (seen or {}).get("devices") or []
+        rc, out, err = runner([control], "get_server_list\n", {})
+        servers = [int(word) for word in out.split() if word.isdigit()]
+        smi = ctx.which("nvidia-smi")
+        apps = ""
+        if smi:
+            dummy, apps, dummy = ctx.run(
+                [smi, "--query-compute-apps=pid,process_name", "--format=csv,noheader"], cap_s=30
+            )
+        listed = [
+            int(line.split(",")[0])
+            for line in apps.splitlines()
+            if line.split(",")[0].strip().isdigit()
+        ]
+        cycle["client"] = {
+            "events": client.events,
+            "server_list": out.strip(),
+            "compute_apps": apps.strip(),
+        }
+        check.add(
+            "client_through_mps",
+            ready is not None and len(devices) == 1 and devices[0].get("uuid") == entry["uuid"],
+            {"devices": devices, "error": client.event("error")},
+            expected=f"the client runs on {entry['uuid']} through the daemon",
+        )
+        check.add(
+            "server_in_nvidia_smi",
+            bool(servers) and set(servers) <= set(listed),
+            {"get_server_list": servers, "compute_apps": apps.strip().splitlines()},
+            expected="the MPS server the daemon started is a compute process of the GPU",
+        )
+        total = devices[0].get("memory_total_bytes") if devices else None
+        limit = MPS_PINNED_MIB << 20
+        check.add(
+            "pinned_limit_seen_by_client",
+            total is not None and total <= limit * 1.05,
+            {
+                "memory_total_bytes": total,
+                "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"),
+            },
+            expected=f"cudaMemGetInfo total at most {MPS_PINNED_MIB} MiB",
+        )
+    finally:
+        cycle["client_stderr"] = stop_client(client)[-2000:]

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# GPU proof kit: prove the collection's NVIDIA code paths on this host (tests/gpu/README.md).
+#
+#   tests/gpu/run.sh [OUT_DIR]
+#
+# OUT_DIR defaults to $OUT, else ./gpu-proof-out. PYTHON picks the interpreter (default python3:
+# the one with nvidia-ml-py and PyTorch or CuPy). Reads the GPU and runs user-space CUDA and MPS
+# processes only; never changes a GPU setting. At most 8 minutes: the kit stops starting checks
+# after its budget (GPU_PROOF_BUDGET_S, default 420 s) and is killed at 480 s.
+# Exit status: 0 no item failed (also: no NVIDIA driver, every check skipped), 1 an item failed,
+# 2 the kit broke.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+out=${1:-${OUT:-$PWD/gpu-proof-out}}
+python=${PYTHON:-python3}
+budget=${GPU_PROOF_BUDGET_S:-420}
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+
+if command -v timeout >/dev/null 2>&1; then
+    exec timeout --kill-after=10 480 "$python" "$here/gpu_proof.py" --out "$out" --budget-s "$budget"
+fi
+exec "$python" "$here/gpu_proof.py" --out "$out" --budget-s "$budget"

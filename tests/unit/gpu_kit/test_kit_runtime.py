@@ -1,0 +1,128 @@
+"""GPU proof kit checks 4 (cuda_visibility) and 5 (mps) on this machine's real kernel.
+
+The planner, the unit renderer, the pinning (sched_setaffinity + set_mempolicy) and the
+numa_maps reading are the kit's real code; the CUDA client is stub_client.py and the MPS control
+program the fake in fakes/, as this machine has no GPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+import gpu_proof
+import proof_runtime
+import pytest
+from kit_helpers import STUB_UUID, items, stub_gpu_entry
+
+
+def facts_with(entry: dict) -> dict:
+    return {"gpus": [entry], "nvml": {}, "nvidia_smi": {}, "snapshot": {}, "warnings": []}
+
+
+def run_check(ctx, function) -> gpu_proof.Check:
+    check = gpu_proof.Check("x", "x")
+    function(ctx, check)
+    return check
+
+
+def test_cuda_visibility_passes_with_the_planned_unit(kit_context):
+    ctx = kit_context()
+    ctx.gpu_facts = facts_with(stub_gpu_entry())
+    check = run_check(ctx, proof_runtime.check_cuda_visibility)
+    found = items(check)
+    assert check.status == "pass", [i.as_dict() for i in check.items if i.status != "pass"]
+    cpus = sorted(os.sched_getaffinity(0))[:4]
+    assert found["cpu_affinity"].observed["Cpus_allowed_list"] == cpus
+    env = found["unit_environment"].observed["Environment"]
+    assert env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": STUB_UUID}
+    # set_mempolicy(MPOL_BIND) reached the process, as NUMAPolicy=bind does.
+    assert "bind:0" in found["memory_policy"].observed
+    assert found["pinned_buffer_node"].observed["kb_by_node"] == {"0": 256 * 1024}
+    assert found["uuid_selects"].observed["devices"]["count"] == 0
+    text = (ctx.out / "cuda-client.txt").read_text()
+    assert 'Environment="CUDA_VISIBLE_DEVICES=' + STUB_UUID in text
+
+
+def test_cuda_visibility_fails_when_the_process_sees_another_gpu(kit_context, monkeypatch):
+    monkeypatch.setenv("STUB_GPU_UUID", "GPU-99999999-2222-3333-4444-555555555555")
+    ctx = kit_context()
+    ctx.gpu_facts = facts_with(stub_gpu_entry())
+    check = run_check(ctx, proof_runtime.check_cuda_visibility)
+    found = items(check)
+    assert check.status == "fail"
+    assert found["visible_device"].status == "fail"
+    assert found["visible_device"].observed["count"] == 0
+
+
+def test_unpinned_process_fails_the_affinity_item(kit_context, monkeypatch):
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two CPUs to plan fewer than all of them")
+    monkeypatch.setattr(proof_runtime, "pinning", lambda cpus, mems: None)
+    ctx = kit_context()
+    ctx.gpu_facts = facts_with(stub_gpu_entry())
+    plan = proof_runtime.plan_placement
+    monkeypatch.setattr(
+        proof_runtime,
+        "plan_placement",
+        lambda numa, facts, entry, name, extra: plan(numa, facts, entry, name, {"cpus": 1}),
+    )
+    check = run_check(ctx, proof_runtime.check_cuda_visibility)
+    assert items(check)["cpu_affinity"].status == "fail"
+
+
+def test_mig_mode_gpu_is_left_alone(kit_context):
+    ctx = kit_context()
+    mig = {
+        "mode_current": "enabled",
+        "mode_pending": "enabled",
+        "gpu_instances": [],
+        "supported_profiles": None,
+    }
+    ctx.gpu_facts = facts_with(stub_gpu_entry(mig=mig))
+    with pytest.raises(gpu_proof.Skip, match="never changes MIG mode"):
+        run_check(ctx, proof_runtime.check_cuda_visibility)
+
+
+def test_mps_cycle_sets_reads_back_and_quits(kit_context):
+    ctx = kit_context()
+    ctx.gpu_facts = facts_with(stub_gpu_entry())
+    check = run_check(ctx, proof_runtime.check_mps)
+    found = items(check)
+    assert check.status == "pass", [i.as_dict() for i in check.items if i.status != "pass"]
+    read_back = [cycle["read_back"] for cycle in found["settings_right_after_start"].observed]
+    assert read_back == [{"active_thread_percentage": 25, "pinned_memory_limit_mib": 2048}] * 3
+    assert found["compute_mode_untouched"].status == "skipped"
+    assert found["pinned_limit_seen_by_client"].observed["memory_total_bytes"] == 2048 << 20
+    assert proof_runtime.mps_processes("/proc") == {}
+    transcript = (ctx.out / "mps-transcript.txt").read_text()
+    assert "ExecStartPost=/bin/sh -c 'echo set_default_active_thread_percentage 25" in transcript
+
+
+def test_mps_settings_sent_too_early_fail(kit_context, monkeypatch):
+    monkeypatch.setenv("FAKE_MPS_LATE", "1")
+    monkeypatch.setattr(proof_runtime, "MPS_EXIT_WAIT_S", 2)
+    ctx = kit_context()
+    ctx.gpu_facts = facts_with(stub_gpu_entry())
+    check = run_check(ctx, proof_runtime.check_mps)
+    item = items(check)["settings_right_after_start"]
+    assert item.status == "fail"
+    assert item.observed[0]["post"][0]["rc"] != 0
+
+
+def test_mps_server_left_running_fails_and_is_killed(kit_context, monkeypatch):
+    monkeypatch.setenv("FAKE_MPS_STICKY", "1")
+    monkeypatch.setattr(proof_runtime, "MPS_EXIT_WAIT_S", 2)
+    ctx = kit_context()
+    ctx.gpu_facts = facts_with(stub_gpu_entry())
+    check = run_check(ctx, proof_runtime.check_mps)
+    item = items(check)["nothing_left_running"]
+    assert item.status == "fail"
+    assert set(item.observed.values()) == {"nvidia-cuda-mps-server"}
+    assert proof_runtime.mps_processes("/proc") == {}
+
+
+def test_mps_without_the_control_program_is_skipped(kit_context):
+    ctx = kit_context(which=lambda name: None)
+    ctx.gpu_facts = facts_with(stub_gpu_entry())
+    with pytest.raises(gpu_proof.Skip, match="nvidia-cuda-mps-control is not in PATH"):
+        run_check(ctx, proof_runtime.check_mps)
