@@ -53,6 +53,8 @@ PASS, FAIL, SKIPPED = "pass", "fail", "skipped"
 JSON_NAME, SUMMARY_NAME = "gpu-proof.json", "gpu-proof.md"
 NO_DRIVER = "no NVIDIA driver"
 DEFAULT_BUDGET_S = 420
+# Where driver containers and CUDA images keep the NVIDIA tools when PATH does not name them.
+DRIVER_DIRS = ("/usr/local/nvidia/bin", "/usr/local/cuda/bin", "/usr/bin", "/usr/sbin")
 
 
 def import_collection(repo: Path = REPO) -> None:
@@ -184,6 +186,17 @@ def c_environment(extra: Optional[dict] = None) -> dict:
     return env
 
 
+def find_tool(name: str) -> Optional[str]:
+    """``name`` in PATH, else in one of DRIVER_DIRS; None when it is nowhere."""
+    found = shutil.which(name)
+    if found is None:
+        for directory in DRIVER_DIRS:
+            path = os.path.join(directory, name)
+            if os.path.isfile(path) and os.access(path, os.X_OK):
+                return path
+    return found
+
+
 @dataclass
 class Context:
     """Inputs and shared results of one run; tests build one over fakes and fixture trees."""
@@ -191,7 +204,7 @@ class Context:
     out: Path
     sysfs_root: str = "/sys"
     procfs_root: str = "/proc"
-    which: Callable = shutil.which
+    which: Callable = find_tool
     runner: Callable = run_command
     nvml: object = None  # the pynvml module, or a pynvml-like fake
     nvml_reason: Optional[str] = None

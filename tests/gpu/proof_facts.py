@@ -112,11 +112,16 @@ def check_nvml(ctx: Context, check: Check) -> None:
         back.gpus == state.gpus,
         {"gpus": len(back.gpus), "driver": back.nvml.get("driver_version")},
     )
-    reader = reader_of(ctx)
-    ctx.numa_facts = numa_facts.read_numa_facts(reader)
+    try:
+        ctx.numa_facts = numa_facts.read_numa_facts(reader_of(ctx))
+    except NumaTuneError as exc:  # the GPU items below do not need it
+        check.add("numa_facts", False, str(exc), expected="the NUMA facts of this host")
     facts = gpu.read_gpu_topology(reader_of(ctx), state)
     ctx.gpu_facts = facts
-    raw = _raw_bus_ids(ctx.nvml)
+    try:
+        raw = _raw_bus_ids(ctx.nvml)
+    except ctx.nvml.NVMLError as exc:
+        raw = {"error": str(exc)}
     entries = nvidia_entries(facts)
     matched = [entry["address"] for entry in entries if entry["address"] in state.gpus]
     lost = [
@@ -150,7 +155,7 @@ def check_nvml(ctx: Context, check: Check) -> None:
             (entry["memory_total_mib"] or 0) > 0,
             entry["memory_total_mib"],
         )
-        _node_item(check, entry, ctx.numa_facts)
+        _node_item(check, entry, ctx.numa_facts or {})
         mig = entry["mig"]
         check.add(
             f"{address}.mig_mode",

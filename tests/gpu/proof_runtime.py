@@ -327,8 +327,9 @@ def check_cuda_visibility(ctx: Context, check: Check) -> None:
     unit_cpus = parse_cpulist(settings["CPUAffinity"][0]) if settings.get("CPUAffinity") else cpus
     unit_mems = parse_cpulist(settings["NUMAMask"][0]) if settings.get("NUMAMask") else mems
     client = start_client(ctx, "hold", c_environment(env), unit_cpus, unit_mems)
+    words = None
     try:
-        _judge_client(ctx, check, client, entry, unit_cpus, unit_mems)
+        words = _judge_client(ctx, check, client, entry, unit_cpus, unit_mems)
     finally:
         err = stop_client(client)
         ctx.append(
@@ -337,6 +338,7 @@ def check_cuda_visibility(ctx: Context, check: Check) -> None:
             + "".join(json.dumps(e, sort_keys=True) + "\n" for e in client.events)
             + f"## client stderr\n{err}\n",
         )
+    _policy_item(check, words, unit_mems, err)
     check.add(
         "client_exit",
         client.process.returncode == 0,
@@ -363,7 +365,8 @@ def check_cuda_visibility(ctx: Context, check: Check) -> None:
 
 def _judge_client(
     ctx: Context, check: Check, client: Client, entry: dict, cpus: list, mems: list
-) -> None:
+) -> Optional[dict]:
+    """Items of what the client saw and where its memory is; the policies of its mappings."""
     seen, ready = client.event("devices"), client.event("ready")
     error = client.event("error")
     devices = (seen or {}).get("devices") or []
@@ -393,13 +396,14 @@ def _judge_client(
             {"events": client.events},
             expected="the client pinned its buffer and said ready",
         )
-        return
+        return None
     pid = ready["pid"]
-    found = locality.read_process(ctx.procfs_root, pid)
-    if found is None:
+    base = Path(ctx.procfs_root, str(pid))
+    status_text = _read(base / "status")
+    if status_text is None:
         check.add("cpu_affinity", False, "the client exited before it was read")
-        return
-    status, maps = found
+        return None
+    status = locality.parse_status(status_text, str(base / "status"))
     check.add(
         "cpu_affinity",
         list(status.cpus_allowed) == list(cpus) and ready.get("cpus_allowed") == list(cpus),
@@ -409,9 +413,17 @@ def _judge_client(
         },
         expected=cpus,
     )
+    if not (base / "numa_maps").exists():
+        why = "this kernel has no /proc/<pid>/numa_maps (no CONFIG_NUMA, or a sandbox): "
+        for name in ("pinned_buffer_node", "process_memory"):
+            check.add(name, None, None, note=why + "it cannot tell where memory is")
+        return None
+    found = locality.read_process(ctx.procfs_root, pid)
+    if found is None:
+        check.add("process_memory", False, "the client exited before it was read")
+        return None
+    dummy, maps = found
     words = policies(ctx.procfs_root, pid)
-    bound = f"bind:{format_cpulist(mems)}"
-    check.add("memory_policy", bound in words, words, expected=f"mappings with {bound}")
     mapping = buffer_mapping(ctx.procfs_root, pid, int(ready["buffer_address"]))
     mapping.update(allocator=ready.get("allocator"), bytes=ready.get("buffer_bytes"))
     nodes = {int(node) for node in (mapping["kb_by_node"] or {})}
@@ -443,6 +455,26 @@ def _judge_client(
         },
         expected="at most 2% of anonymous + hugetlb memory off the planned nodes",
     )
+    return words
+
+
+def _read(path: Path) -> Optional[str]:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return None
+
+
+def _policy_item(check: Check, words: Optional[dict], mems: list, stderr: str) -> None:
+    """Whether the client's mappings carry the memory policy NUMAPolicy=bind + NUMAMask= set."""
+    bound = f"bind:{format_cpulist(mems)}"
+    refused = [line for line in stderr.splitlines() if line.startswith("gpu-proof: set_mempolicy")]
+    if refused:
+        check.add("memory_policy", None, refused, note="the kernel refused set_mempolicy(2)")
+    elif words is None:
+        check.add("memory_policy", None, None, note="no numa_maps to read the policy from")
+    else:
+        check.add("memory_policy", bound in words, words, expected=f"mappings with {bound}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,6 +14,9 @@ import proof_runtime
 import pytest
 from kit_helpers import STUB_UUID, items, stub_gpu_entry
 
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import facts as numa_facts
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa.sysfs import Reader
+
 
 def facts_with(entry: dict) -> dict:
     return {"gpus": [entry], "nvml": {}, "nvidia_smi": {}, "snapshot": {}, "warnings": []}
@@ -126,3 +129,31 @@ def test_mps_without_the_control_program_is_skipped(kit_context):
     ctx.gpu_facts = facts_with(stub_gpu_entry())
     with pytest.raises(gpu_proof.Skip, match="nvidia-cuda-mps-control is not in PATH"):
         run_check(ctx, proof_runtime.check_mps)
+
+
+def test_kernel_without_numa_maps_skips_the_memory_items(kit_context, monkeypatch, tmp_path):
+    """A kernel without CONFIG_NUMA (or a sandbox) has no /proc/<pid>/numa_maps: the memory
+    items say so instead of failing, the CPU items still judge."""
+    proc = tmp_path / "proc"
+    start = proof_runtime.start_client
+
+    def mirrored(*args, **kwargs):
+        client = start(*args, **kwargs)
+        ready = client.event("ready")
+        if ready:
+            (proc / str(ready["pid"])).mkdir(parents=True)
+            status = f"/proc/{ready['pid']}/status"
+            (proc / str(ready["pid"]) / "status").write_text(open(status).read())
+        return client
+
+    monkeypatch.setattr(proof_runtime, "start_client", mirrored)
+    ctx = kit_context(procfs_root=str(proc))
+    ctx.numa_facts = numa_facts.read_numa_facts(Reader("/sys", "/proc"))
+    ctx.gpu_facts = facts_with(stub_gpu_entry())
+    check = run_check(ctx, proof_runtime.check_cuda_visibility)
+    found = items(check)
+    assert found["cpu_affinity"].status == "pass"
+    for name in ("pinned_buffer_node", "process_memory", "memory_policy"):
+        assert found[name].status == "skipped", name
+    assert "no /proc/<pid>/numa_maps" in found["process_memory"].note
+    assert check.status == "pass"
