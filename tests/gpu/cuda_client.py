@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 import sys
 import uuid
 
@@ -30,10 +31,17 @@ def _address(domain: int, bus: int, device: int) -> str:
 
 
 def _uuid_text(raw) -> str:
+    """``GPU-<8-4-4-4-12 hex>`` from the 16 bytes, the hex text or the canonical text a
+    framework gives for a device UUID."""
     if isinstance(raw, (bytes, bytearray)):
         return f"GPU-{uuid.UUID(bytes=bytes(raw[:16]))}"
-    text = str(raw)
-    return text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
+    text = str(raw).strip()
+    if text.startswith(("GPU-", "MIG-")):
+        return text
+    digits = re.sub(r"[^0-9a-fA-F]", "", text)
+    if len(digits) == 32:
+        return f"GPU-{uuid.UUID(hex=digits)}"
+    return f"GPU-{text}"
 
 
 class Torch:
