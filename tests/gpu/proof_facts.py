@@ -26,16 +26,10 @@ PROFILE_NAME_RE = re.compile(r"\d+g\.\d+gb(\+[a-z.]+|-me)?\Z")
 DOCTYPE_RE = re.compile(r"<!DOCTYPE\s+nvidia_smi_log\s+SYSTEM\s+\"([^\"]+)\"")
 # The fields both NVML and nvidia-smi -q -x give, compared one by one.
 COMPARED = ("uuid", "name", "memory_total_mib", "compute_mode", "persistence_mode")
-# Fields of the facts that a real driver must fill (a reason in `unavailable` is a failure).
-REQUIRED = (
-    "uuid",
-    "name",
-    "memory_total_mib",
-    "compute_mode",
-    "persistence_mode",
-    "mig",
-    "processes",
-)
+# Fields of the facts that a real driver must fill (a reason in `unavailable` is a failure): all
+# enriched ones but those a lone GPU or an older driver lacks for good reason.
+OPTIONAL = ("nvlink_peers", "nvlink_switches", "nvml_numa_node")
+REQUIRED = tuple(key for key in gpu.ENRICHED_FIELDS if key not in OPTIONAL)
 SMI_TIMEOUT_S = 60
 
 
