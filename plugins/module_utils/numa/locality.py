@@ -63,9 +63,16 @@ def parse_numa_maps(text: str, source: str = "numa_maps") -> NumaMaps:
     """kB per node of anonymous, hugetlb and file-backed mappings; raises LocalityError.
 
     A mapping is ``huge`` when marked so (hugetlbfs, whatever its ``file=``); otherwise ``anon``
-    when it has ``anon=`` pages or no ``file=``; otherwise ``file``. Pages (``N<node>=<pages>``)
-    are weighted by the mapping's ``kernelpagesize_kB``. The classification is per mapping, as
-    the kernel does not split a mapping's pages per node by kind.
+    when it has no ``file=``; otherwise its ``anon=`` pages (copied on write) are ``anon`` and
+    the rest of its pages (page cache) ``file``. Pages (``N<node>=<pages>``) are weighted by the
+    mapping's ``kernelpagesize_kB``.
+
+    numa_maps does not split a mapping's pages per node by kind. In a private file mapping (a
+    program's or library's ``.data``) the pages copied on write were allocated under the
+    mapping's memory policy (the second field, ``bind:0``), while its page cache lies wherever the
+    file was first read and is not the process's to place. So its anonymous pages are counted on
+    the nodes the policy names first, as many as each holds, then on the nodes holding most pages
+    (also for policies that name no node, ``default`` or ``local``); the other pages are ``file``.
     """
     anon: dict = {}
     huge: dict = {}
@@ -81,7 +88,8 @@ def parse_numa_maps(text: str, source: str = "numa_maps") -> NumaMaps:
             )
         pages: dict = {}
         page_kb = None
-        is_huge = has_anon = has_file = False
+        is_huge = has_file = False
+        anon_pages = 0
         for token in tokens[2:]:
             match = _NODE_TOKEN_RE.match(token)
             if match:
@@ -94,7 +102,8 @@ def parse_numa_maps(text: str, source: str = "numa_maps") -> NumaMaps:
             elif token == "huge":
                 is_huge = True
             elif token.startswith("anon="):
-                has_anon = True
+                value = token.partition("=")[2]
+                anon_pages = int(value) if value.isascii() and value.isdigit() else 0
             elif token.startswith("file="):
                 has_file = True
             elif token.startswith("N") and "=" in token:
@@ -105,11 +114,31 @@ def parse_numa_maps(text: str, source: str = "numa_maps") -> NumaMaps:
             raise LocalityError(
                 source, f"line {number} has N<node>= pages but no kernelpagesize_kB"
             )
-        table = huge if is_huge else anon if (has_anon or not has_file) else files
-        for node, count in pages.items():
-            if count:
-                _add(table, node, count * page_kb)
+        if is_huge or not has_file:
+            for node, count in pages.items():
+                if count:
+                    _add(huge if is_huge else anon, node, count * page_kb)
+            continue
+        policy = _policy_nodes(tokens[1])
+        order = sorted(pages, key=lambda node: (node not in policy, -pages[node], node))
+        for node in order:
+            copied = min(anon_pages, pages[node])
+            anon_pages -= copied
+            if copied:
+                _add(anon, node, copied * page_kb)
+            if pages[node] - copied:
+                _add(files, node, (pages[node] - copied) * page_kb)
     return NumaMaps(anon, huge, files)
+
+
+def _policy_nodes(policy: str) -> set:
+    """The nodes a numa_maps policy field names (``bind:0-1``, ``prefer:1``); none for
+    ``default``, ``local`` or one that does not parse."""
+    nodes = policy.partition(":")[2]
+    try:
+        return set(parse_cpulist(nodes)) if nodes else set()
+    except CpulistError:
+        return set()
 
 
 def _status_list(fields: dict, name: str, source: str) -> tuple:

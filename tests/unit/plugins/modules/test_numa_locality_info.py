@@ -35,7 +35,7 @@ def test_measures_without_changing(run_module, roots, check_mode):
     embed, stopped = result["services"]
     assert embed["pids"] == [1101]
     assert embed["offnode_share"] == 0.0
-    assert embed["pages_kb"]["anon_huge_by_node"] == {"1": 15100}
+    assert embed["pages_kb"]["anon_huge_by_node"] == {"1": 15088}
     assert embed["remote_access"] == {"available": False, "ratio": None, "reason": "perf=never"}
     assert stopped["running"] is False
     assert [node["id"] for node in result["nodes"]] == [0, 1]
