@@ -31,11 +31,13 @@ module_utils are imported from this checkout, without Ansible.
 from __future__ import annotations
 
 import argparse
+import atexit
 import datetime
 import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -51,6 +53,16 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 PASS, FAIL, SKIPPED = "pass", "fail", "skipped"
 JSON_NAME, SUMMARY_NAME = "gpu-proof.json", "gpu-proof.md"
+# Every file a run writes into the evidence directory (a new run removes the old ones first).
+EVIDENCE = (
+    JSON_NAME,
+    SUMMARY_NAME,
+    "nvml-snapshot.json",
+    "nvidia-smi-q-x.xml",
+    "nvidia-smi-mig.txt",
+    "cuda-client.txt",
+    "mps-transcript.txt",
+)
 NO_DRIVER = "no NVIDIA driver"
 DEFAULT_BUDGET_S = 420
 # Where driver containers and CUDA images keep the NVIDIA tools when PATH does not name them.
@@ -74,6 +86,7 @@ def import_collection(repo: Path = REPO) -> None:
         sys.path.insert(0, str(made))
         return
     top = Path(tempfile.mkdtemp(prefix="numafleet-gpu-proof-"))
+    atexit.register(shutil.rmtree, top, True)
     (top / "ansible_collections" / "numafleet").mkdir(parents=True)
     (top / "ansible_collections" / "numafleet" / "tuning").symlink_to(repo)
     sys.path.insert(0, str(top))
@@ -154,24 +167,36 @@ class Skip(Exception):
 def run_command(
     argv: list, stdin: Optional[str] = None, env: Optional[dict] = None, timeout_s: float = 60
 ) -> tuple:
-    """(rc, stdout, stderr) of ``argv``; rc 124 when it ran past ``timeout_s``, 127 when absent."""
+    """(rc, stdout, stderr) of ``argv``; rc 124 when it ran past ``timeout_s`` (its whole process
+    group is killed then), 127 when it cannot be started."""
     try:
-        done = subprocess.run(
+        process = subprocess.Popen(
             argv,
-            input=stdin,
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             env=env,
-            capture_output=True,
             text=True,
             errors="replace",
-            timeout=max(timeout_s, 1),
-            check=False,
+            start_new_session=True,
         )
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else ""
-        return 124, out or "", f"timed out after {timeout_s:.0f} s"
     except OSError as exc:
         return 127, "", f"{argv[0]}: {exc.strerror or exc}"
-    return done.returncode, done.stdout, done.stderr
+    try:
+        out, err = process.communicate(stdin, timeout=max(timeout_s, 1))
+    except subprocess.TimeoutExpired:
+        kill_group(process.pid)
+        out, err = process.communicate()
+        return 124, out or "", f"timed out after {timeout_s:.0f} s\n{err or ''}"
+    return process.returncode, out, err
+
+
+def kill_group(pid: int) -> None:
+    """SIGKILL the process group ``pid`` leads (what the kit started with start_new_session)."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
 
 
 def c_environment(extra: Optional[dict] = None) -> dict:
@@ -212,6 +237,8 @@ class Context:
     client: str = str(HERE / "cuda_client.py")
     deadline: float = 0.0
     driver: Optional[str] = None  # why there is no NVIDIA driver, None when there is one
+    driver_problem: Optional[str] = None  # a driver or GPU is there but does not answer
+    listing: Optional[dict] = None  # nvidia-smi -L when it was run
     # Filled by the checks for the later ones.
     nvml_state: object = None
     smi_state: object = None
@@ -255,16 +282,39 @@ def load_pynvml() -> tuple:
     return pynvml, None
 
 
+def nvidia_present(ctx: Context) -> list:
+    """Signs that this host has an NVIDIA driver or GPU: /proc/driver/nvidia, a PCI device of
+    vendor 0x10de, an nvidia-smi binary."""
+    signs = []
+    if Path(ctx.procfs_root, "driver", "nvidia").exists():
+        signs.append(f"{ctx.procfs_root}/driver/nvidia exists")
+    for vendor in sorted(Path(ctx.sysfs_root, "bus", "pci", "devices").glob("*/vendor")):
+        try:
+            if vendor.read_text().strip().lower() == "0x10de":
+                signs.append(f"NVIDIA PCI device {vendor.parent.name}")
+                break
+        except OSError:
+            continue
+    if ctx.which("nvidia-smi"):
+        signs.append(f"nvidia-smi at {ctx.which('nvidia-smi')}")
+    return signs
+
+
 def driver_absent(ctx: Context) -> Optional[str]:
-    """Why this host has no usable NVIDIA driver, or None when NVML or nvidia-smi answers."""
+    """Why this host has no NVIDIA driver, or None when NVML or nvidia-smi answers, or when
+    there are signs of a driver or GPU that does not answer (then the checks run and fail, as a
+    broken driver is what a bug report is for). ``nvidia-smi -L`` is kept in ctx.listing."""
     reasons = []
     if ctx.nvml is not None:
         try:
             ctx.nvml.nvmlInit()
-        except ctx.nvml.NVMLError as exc:
+        except Exception as exc:
             reasons.append(f"nvmlInit: {exc}")
         else:
-            ctx.nvml.nvmlShutdown()
+            try:
+                ctx.nvml.nvmlShutdown()
+            except Exception:
+                pass
             return None
     else:
         reasons.append(ctx.nvml_reason or "nvidia-ml-py is not installed")
@@ -273,11 +323,43 @@ def driver_absent(ctx: Context) -> Optional[str]:
         reasons.append("nvidia-smi is not in PATH")
     else:
         rc, out, err = ctx.run([smi, "-L"], cap_s=30)
+        ctx.listing = {"rc": rc, "stdout": out[-2000:], "stderr": err[-2000:]}
         if rc == 0 and "GPU " in out:
             return None
         first = (err or out).strip().splitlines()
         reasons.append(f"nvidia-smi -L exited {rc}: {first[0] if first else 'no output'}")
+    signs = nvidia_present(ctx)
+    if signs:
+        ctx.driver_problem = f"{'; '.join(reasons)} although there are {', '.join(signs)}"
+        return None
     return f"{NO_DRIVER} ({'; '.join(reasons)})"
+
+
+def collection_identity(ctx: Context) -> dict:
+    """Which collection code this run tested: galaxy.yml's version, the checkout's commit (and
+    whether it had changes), and where module_utils was imported from."""
+    from ansible_collections.numafleet.tuning.plugins.module_utils import numa
+
+    root = Path(numa.__file__).resolve().parents[3]
+    version = None
+    galaxy = root / "galaxy.yml"
+    if galaxy.is_file():
+        for line in galaxy.read_text().splitlines():
+            if line.startswith("version:"):
+                version = line.split(":", 1)[1].strip().strip("\"'")
+    commit = changed = None
+    git = shutil.which("git")
+    if git and (root / ".git").exists():
+        rc, out, dummy = ctx.run([git, "-C", str(root), "rev-parse", "HEAD"], cap_s=10)
+        commit = out.strip() if rc == 0 else None
+        rc, out, dummy = ctx.run([git, "-C", str(root), "status", "--porcelain"], cap_s=10)
+        changed = bool(out.strip()) if rc == 0 else None
+    return {
+        "version": version,
+        "commit": commit,
+        "uncommitted_changes": changed,
+        "module_utils": str(root / "plugins" / "module_utils" / "numa"),
+    }
 
 
 def host_info(ctx: Context) -> dict:
@@ -288,6 +370,9 @@ def host_info(ctx: Context) -> dict:
         "python": platform.python_version(),
         "cpus_allowed": sorted(os.sched_getaffinity(0)),
         "uid": os.getuid(),
+        "root": os.geteuid() == 0,
+        "collection": collection_identity(ctx),
+        "nvidia_smi_L": ctx.listing,
         "numa_nodes": sorted(
             entry.name for entry in Path(ctx.sysfs_root, "devices/system/node").glob("node[0-9]*")
         ),
@@ -354,11 +439,14 @@ def all_checks() -> list:
 def run_checks(ctx: Context, checks: list, report: Callable) -> list:
     """Run ``checks`` in order; each result is reported as soon as it is known."""
     results = []
+    stopped = False
     for check_id, title, function in checks:
         check = Check(check_id, title)
         started = time.monotonic()
         if ctx.driver is not None:
             check.skipped = ctx.driver
+        elif stopped:
+            check.skipped = "the run was stopped before this check"
         elif ctx.deadline and time.monotonic() > ctx.deadline:
             check.skipped = "the kit's time budget was spent before this check"
         else:
@@ -366,6 +454,9 @@ def run_checks(ctx: Context, checks: list, report: Callable) -> list:
                 function(ctx, check)
             except Skip as exc:
                 check.skipped = str(exc)
+            except Stopped as exc:
+                check.error = str(exc)
+                stopped = True
             except Exception:
                 check.error = traceback.format_exc(limit=8)
         check.seconds = time.monotonic() - started
@@ -388,7 +479,13 @@ def summary_markdown(document: dict) -> str:
         f"{', '.join(document.get('gpus') or []) or 'none'}",
         f"- nvidia-ml-py {host.get('pynvml_version')}, torch {host.get('torch_version')}, "
         f"cupy {host.get('cupy_version')}",
+        f"- tested: numafleet.tuning {(host.get('collection') or {}).get('version')} at "
+        f"{(host.get('collection') or {}).get('commit') or 'no git commit'} "
+        f"({(host.get('collection') or {}).get('module_utils')})",
+        f"- user: uid {host.get('uid')}"
+        + ("" if host.get("root") else " (not root: MPS, numa_maps and MIG listings need root)"),
         f"- result: **{document['status']}** ({document['counts']})",
+        f"- files: {', '.join(document.get('files') or []) or 'none'}",
         "",
         "| check | status | items (status) |",
         "| --- | --- | --- |",
@@ -413,7 +510,8 @@ def summary_markdown(document: dict) -> str:
             observed = json.dumps(item["observed"], sort_keys=True)[:400]
             expected = json.dumps(item["expected"], sort_keys=True)[:200]
             lines.append(
-                f"- {check_id}/{item['name']}: observed {observed}; expected {expected}"
+                f"- {check_id}/{item['name']}: observed {observed}"
+                + (f"; expected {expected}" if item["expected"] is not None else "")
                 + (f"; {item['note']}" if item["note"] else "")
             )
     notes = [
@@ -461,6 +559,29 @@ def document_of(ctx: Context, results: list, started: str, seconds: float, host:
     }
 
 
+class Stopped(Exception):
+    """SIGTERM (run.sh's outer limit, or the operator) arrived during a check."""
+
+
+def _stop(signum, frame) -> None:
+    raise Stopped(f"stopped by signal {signum} (run.sh's 480 s limit, or the operator)")
+
+
+def prepare_out(out: Path) -> Optional[str]:
+    """Make ``out`` and drop a previous run's evidence files; why it cannot be used, or None."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for name in EVIDENCE:
+            if (out / name).is_file() or (out / name).is_symlink():
+                (out / name).unlink()
+        probe = out / ".gpu-proof-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        return f"gpu-proof: cannot write the evidence to {out}: {exc.strerror or exc}"
+    return None
+
+
 def main(argv: Optional[list] = None, ctx: Optional[Context] = None, checks=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument(
@@ -476,25 +597,36 @@ def main(argv: Optional[list] = None, ctx: Optional[Context] = None, checks=None
     )
     args = parser.parse_args(argv)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    problem = prepare_out(out)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
     import_collection()
-    sys.path.insert(0, str(HERE))
-    started_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    if str(HERE) not in sys.path:
+        sys.path.insert(0, str(HERE))
+    started_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     started = time.monotonic()
     if ctx is None:
         nvml, reason = load_pynvml()
         ctx = Context(out=out, nvml=nvml, nvml_reason=reason)
     ctx.out = out
     ctx.deadline = started + args.budget_s
-    ctx.driver = driver_absent(ctx)
-    host = host_info(ctx)
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        ctx.driver = driver_absent(ctx)
+        host = host_info(ctx)
 
-    def report(results: list) -> None:
-        document = document_of(ctx, results, started_at, time.monotonic() - started, host)
-        (out / JSON_NAME).write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
-        (out / SUMMARY_NAME).write_text(summary_markdown(document))
+        def report(results: list) -> None:
+            document = document_of(ctx, results, started_at, time.monotonic() - started, host)
+            (out / JSON_NAME).write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
+            (out / SUMMARY_NAME).write_text(summary_markdown(document))
 
-    results = run_checks(ctx, checks if checks is not None else all_checks(), report)
+        chosen = list(checks if checks is not None else all_checks())
+        if ctx.driver_problem:
+            chosen.insert(0, ("driver", "the NVIDIA driver answers", driver_check))
+        results = run_checks(ctx, chosen, report)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     document = json.loads((out / JSON_NAME).read_text())
     print(summary_markdown(document), end="")
     print(f"evidence: {out}")
@@ -503,5 +635,20 @@ def main(argv: Optional[list] = None, ctx: Optional[Context] = None, checks=None
     return 1 if document["status"] == FAIL else 0
 
 
+def driver_check(ctx: Context, check: Check) -> None:
+    """A driver or GPU is there but neither NVML nor nvidia-smi answers: that is a failure."""
+    check.add(
+        "answers",
+        False,
+        {"problem": ctx.driver_problem, "nvidia_smi_L": ctx.listing},
+        expected="NVML or nvidia-smi -L lists the GPUs",
+    )
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    # The checks import this file as the module gpu_proof: run that one, not a second copy
+    # named __main__ (whose Skip and Stopped classes the checks would not raise).
+    sys.path.insert(0, str(HERE))
+    import gpu_proof
+
+    sys.exit(gpu_proof.main())

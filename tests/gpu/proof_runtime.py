@@ -12,8 +12,10 @@ import dataclasses
 import json
 import os
 import platform
+import re
 import select
 import shlex
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -21,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from gpu_proof import Check, Context, Skip, c_environment
+from gpu_proof import Check, Context, Skip, c_environment, kill_group
 from proof_facts import nvidia_entries, reader_of
 
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa import (
@@ -73,19 +75,33 @@ def host_facts(ctx: Context) -> tuple:
 
 
 def pick_gpu(facts: dict) -> dict:
+    """The first NVIDIA GPU with a UUID, outside MIG mode, that runs no process; Skip if none."""
+    busy = []
     for entry in nvidia_entries(facts):
-        if entry.get("uuid") and (entry.get("mig") or {}).get("mode_current") != "enabled":
-            return entry
+        if not entry.get("uuid") or (entry.get("mig") or {}).get("mode_current") == "enabled":
+            continue
+        if entry.get("processes"):
+            busy.append(f"{entry['address']} (PIDs {entry['processes']})")
+            continue
+        return entry
+    if busy:
+        raise Skip(
+            f"every usable GPU runs processes: {', '.join(busy)}; the kit starts no CUDA work "
+            "beside them"
+        )
     raise Skip("no NVIDIA GPU with a UUID outside MIG mode (the kit never changes MIG mode)")
 
 
 def plan_placement(numa: dict, facts: dict, entry: dict, name: str, extra: dict) -> tuple:
-    """(plan, placement) of one placement on ``entry``'s GPU, as numa_plan would plan it."""
-    node = entry["node"] if entry["node"] is not None else None
-    usable = [n for n in numa["nodes"] if n.get("cpus")]
-    if node is not None:
-        usable = [n for n in usable if n["id"] == node] or usable
-    cpus = max(1, min(4, len(usable[0]["cpus"]) if usable else 1))
+    """(plan, placement) of one placement on ``entry``'s GPU, as numa_plan would plan it, on
+    the CPUs this process may use (the others are given to the planner as reserved: a kit
+    confined by a cpuset, as in a container, plans inside it)."""
+    allowed = set(os.sched_getaffinity(0))
+    every = {cpu for node in numa["nodes"] for cpu in node.get("cpus") or ()}
+    usable = [n for n in numa["nodes"] if allowed & set(n.get("cpus") or ())]
+    if entry["node"] is not None:
+        usable = [n for n in usable if n["id"] == entry["node"]] or usable
+    cpus = max(1, min(4, len(allowed & set(usable[0]["cpus"])) if usable else 1))
     wanted = {
         "name": name,
         "exec": "/bin/true",
@@ -94,7 +110,8 @@ def plan_placement(numa: dict, facts: dict, entry: dict, name: str, extra: dict)
         "memory": "1G",
     }
     wanted.update(extra)
-    plan = planner.plan_host("gpu-proof", numa, facts, [wanted], [], {})
+    policy = {"reserved_cpus": sorted(every - allowed)}
+    plan = planner.plan_host("gpu-proof", numa, facts, [wanted], [], policy)
     placement = next(p for p in plan["placements"] if p["name"] == name)
     return plan, placement
 
@@ -170,6 +187,7 @@ def pinning(cpus: list, mems: list):
 class Client:
     process: subprocess.Popen
     events: list
+    stderr: object  # the temporary file its stderr goes to (a pipe could fill and stall it)
 
     def event(self, kind: str) -> Optional[dict]:
         return next((e for e in self.events if e.get("event") == kind), None)
@@ -183,52 +201,74 @@ def start_client(
     mems: Optional[list] = None,
     wait_for: str = "ready",
 ) -> Client:
-    """Start the client and read its JSON lines until ``wait_for`` (or error, or exit)."""
+    """Start the client in its own process group and read its JSON lines until ``wait_for``,
+    an error, its exit, or the time it may take (CLIENT_WAIT_S, within the kit's budget)."""
     argv = [ctx.python, ctx.client, mode, str(PIN_MIB)]
+    stderr = tempfile.TemporaryFile(mode="w+b")
     process = subprocess.Popen(
         argv,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=stderr,
         env=env,
-        text=True,
         preexec_fn=pinning(cpus, mems or []) if cpus else None,
+        start_new_session=True,
     )
-    client = Client(process, [])
+    client = Client(process, [], stderr)
     deadline = time.monotonic() + ctx.left_s(CLIENT_WAIT_S)
+    pending = b""
+    descriptor = process.stdout.fileno()
     while time.monotonic() < deadline:
-        ready, dummy, dummy = select.select([process.stdout], [], [], 1.0)
+        ready, dummy, dummy = select.select([descriptor], [], [], 0.5)
         if not ready:
             if process.poll() is not None:
                 break
             continue
-        line = process.stdout.readline()
-        if not line:
+        chunk = os.read(descriptor, 65536)
+        if not chunk:
             break
-        try:
-            client.events.append(json.loads(line))
-        except ValueError:
-            client.events.append({"event": "text", "text": line.rstrip()})
-        if client.events[-1].get("event") in (wait_for, "error"):
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            text = line.decode(errors="replace")
+            try:
+                client.events.append(json.loads(text))
+            except ValueError:
+                client.events.append({"event": "text", "text": text[:400]})
+        if any(e.get("event") in (wait_for, "error") for e in client.events):
             break
+    else:
+        client.events.append({"event": "timeout", "after_s": round(ctx.left_s(CLIENT_WAIT_S))})
     return client
 
 
-def stop_client(client: Client) -> str:
-    """End the client (a line on stdin, then TERM/KILL); its stderr."""
+def stop_client(client: Client, wait_s: float = 20) -> str:
+    """End the client (a line on stdin; its process group killed when it has not exited within
+    ``wait_s``); the last 4000 characters of its stderr."""
     process = client.process
     try:
         if process.poll() is None:
-            process.stdin.write("exit\n")
+            process.stdin.write(b"exit\n")
             process.stdin.flush()
     except OSError:
         pass
     try:
-        dummy, err = process.communicate(timeout=20)
+        process.wait(timeout=max(wait_s, 1))
     except subprocess.TimeoutExpired:
-        process.kill()
-        dummy, err = process.communicate()
-    return err or ""
+        kill_group(process.pid)
+        process.wait()
+    kill_group(process.pid)  # anything the client left behind in its group
+    for stream in (process.stdin, process.stdout):
+        try:
+            stream.close()
+        except OSError:
+            pass
+    client.stderr.seek(0, os.SEEK_END)
+    size = client.stderr.tell()
+    client.stderr.seek(max(0, size - 4000))
+    text = client.stderr.read().decode(errors="replace")
+    client.stderr.close()
+    return text
 
 
 def buffer_mapping(procfs_root: str, pid: int, address: int) -> dict:
@@ -331,7 +371,7 @@ def check_cuda_visibility(ctx: Context, check: Check) -> None:
     try:
         words = _judge_client(ctx, check, client, entry, unit_cpus, unit_mems)
     finally:
-        err = stop_client(client)
+        err = stop_client(client, ctx.left_s(20))
         ctx.append(
             "cuda-client.txt",
             "## client events\n"
@@ -353,7 +393,7 @@ def check_cuda_visibility(ctx: Context, check: Check) -> None:
         c_environment({**env, "CUDA_VISIBLE_DEVICES": MADE_UP_UUID}),
         wait_for="devices",
     )
-    stop_client(control)
+    stop_client(control, ctx.left_s(20))
     seen = control.event("devices")
     check.add(
         "uuid_selects",
@@ -481,20 +521,46 @@ def _policy_item(check: Check, words: Optional[dict], mems: list, stderr: str) -
 # Check 5
 
 
-def mps_processes(procfs_root: str) -> dict:
-    """{pid: argv0 basename} of the MPS control daemons and servers running now."""
+def mps_processes(procfs_root: str, pipe_dir: Optional[str] = None) -> dict:
+    """{pid: argv0 basename} of the MPS control daemons and servers running now; with
+    ``pipe_dir``, only those whose environment names that CUDA_MPS_PIPE_DIRECTORY (the kit's
+    own: it never touches another daemon)."""
     found = {}
+    wanted = f"CUDA_MPS_PIPE_DIRECTORY={pipe_dir}".encode() if pipe_dir else None
     for entry in Path(procfs_root).iterdir():
         if not entry.name.isdigit():
             continue
         try:
             argv0 = (entry / "cmdline").read_bytes().split(b"\0", 1)[0].decode(errors="replace")
+            name = os.path.basename(argv0)
+            if name not in MPS_NAMES:
+                continue
+            if wanted is not None and wanted not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
         except OSError:
             continue
-        name = os.path.basename(argv0)
-        if name in MPS_NAMES:
-            found[int(entry.name)] = name
+        found[int(entry.name)] = name
     return found
+
+
+_POST = re.compile(
+    r"echo (set_default_active_thread_percentage \d+|set_default_device_pinned_mem_limit 0 \d+M)"
+    r" \| (?P<control>/\S+)"
+)
+
+
+def allowed_exec(value: str, control: str, kind: str) -> Optional[list]:
+    """argv of an Exec*= line of the rendered MPS units when it is one the kit may run: the
+    control daemon's start, quit or a set_default_* command; None for anything else."""
+    argv = _exec_argv(value)
+    if kind == "ExecStart":
+        return argv if argv == [control, "-d"] else None
+    if len(argv) != 3 or argv[:2] != [mps.SHELL, "-c"]:
+        return None
+    if kind == "ExecStop":
+        return argv if argv[2] == f"echo quit | {control}" else None
+    match = _POST.fullmatch(argv[2])
+    return argv if match and match["control"] == control else None
 
 
 def _exec_argv(value: str) -> list:
@@ -561,6 +627,25 @@ def check_mps(ctx: Context, check: Check) -> None:
         "never changes a compute mode, so MPS ran in the GPU's current mode "
         f"({entry.get('compute_mode')})",
     )
+    lines = {
+        "start": allowed_exec(base["ExecStart"][0], control, "ExecStart"),
+        "stop": allowed_exec(base["ExecStop"][0], control, "ExecStop"),
+        "post": [allowed_exec(v, control, "ExecStartPost") for v in extra.get("ExecStartPost", [])],
+    }
+    refused = [kind for kind, argv in lines.items() if argv is None or None in (argv or [0])]
+    check.add(
+        "rendered_commands",
+        not refused,
+        {
+            "ExecStart": base["ExecStart"],
+            "ExecStop": base["ExecStop"],
+            "ExecStartPost": extra.get("ExecStartPost"),
+        },
+        expected="only the control daemon's -d, quit and set_default_* commands (the kit runs "
+        "no other line of the units)",
+    )
+    if refused:
+        return
     top = Path(tempfile.mkdtemp(prefix="numafleet-mps-"))
     pipe, log = top / "pipe", top / "log"
     pipe.mkdir(mode=0o700)
@@ -577,7 +662,6 @@ def check_mps(ctx: Context, check: Check) -> None:
             argv, stdin=stdin, env=c_environment({**env, **(environment or {})}), cap_s=30
         )
 
-    before = set(mps_processes(ctx.procfs_root))
     cycles = []
     try:
         for number in range(1, MPS_CYCLES + 1):
@@ -586,29 +670,25 @@ def check_mps(ctx: Context, check: Check) -> None:
                     ctx,
                     check,
                     number,
-                    base,
-                    extra,
+                    lines,
                     daemon_env,
                     runner,
                     private,
                     control,
                     placement,
                     entry,
-                    before,
                 )
             )
     finally:
-        leftover = {
-            pid: name for pid, name in mps_processes(ctx.procfs_root).items() if pid not in before
-        }
+        leftover = mps_processes(ctx.procfs_root, str(pipe))
         for pid in leftover:
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
         killed = time.monotonic()
-        while set(leftover) & set(mps_processes(ctx.procfs_root)):
-            if time.monotonic() - killed > MPS_EXIT_WAIT_S:
+        while set(leftover) & set(mps_processes(ctx.procfs_root, str(pipe))):
+            if time.monotonic() - killed > 5:
                 break
             time.sleep(0.1)
         logs = "".join(
@@ -617,6 +697,7 @@ def check_mps(ctx: Context, check: Check) -> None:
             if path.is_file()
         )
         ctx.append("mps-transcript.txt", "## cycles\n" + json.dumps(cycles, indent=1) + f"\n{logs}")
+        shutil.rmtree(top, ignore_errors=True)
     check.add(
         "nothing_left_running",
         not leftover,
@@ -635,26 +716,44 @@ def check_mps(ctx: Context, check: Check) -> None:
     )
 
 
-def _mps_cycle(
-    ctx, check, number, base, extra, daemon_env, runner, private, control, placement, entry, before
-) -> dict:
+def _start_daemon(ctx: Context, argv: list, env: dict, cpus: list, mems: list) -> tuple:
+    """Run ``nvidia-cuda-mps-control -d`` with the drop-in's CPUAffinity= and NUMAPolicy=bind +
+    NUMAMask= applied first, as systemd would; (rc, output)."""
+    try:
+        done = subprocess.run(
+            argv,
+            env=env,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=ctx.left_s(30),
+            preexec_fn=pinning(cpus, mems) if cpus else None,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return 124, "timed out"
+    except (OSError, subprocess.SubprocessError) as exc:
+        return 127, str(exc)
+    return done.returncode, (done.stdout + done.stderr).strip()[:400]
+
+
+def _mps_cycle(ctx, check, number, lines, daemon_env, runner, private, control, placement, entry):
     cycle: dict = {"cycle": number}
+    pipe = private.pipe_dir
     started = time.monotonic()
-    rc, out, err = ctx.run(_exec_argv(base["ExecStart"][0]), env=daemon_env, cap_s=30)
-    cycle["start"] = {
-        "rc": rc,
-        "seconds": round(time.monotonic() - started, 3),
-        "output": (out + err).strip()[:400],
-    }
+    rc, output = _start_daemon(
+        ctx, lines["start"], daemon_env, list(private.cpus), list(private.mems)
+    )
+    cycle["start"] = {"rc": rc, "seconds": round(time.monotonic() - started, 3), "output": output}
     if rc != 0:
         check.add(f"cycle{number}.start", False, cycle["start"])
         return cycle
     cycle["post"] = []
-    for value in extra.get("ExecStartPost", []):
-        rc, out, err = ctx.run(_exec_argv(value), env=daemon_env, cap_s=30)
+    for argv in lines["post"]:
+        rc, out, err = ctx.run(argv, env=daemon_env, cap_s=30)
         cycle["post"].append(
             {
-                "command": value,
+                "command": argv[2],
                 "rc": rc,
                 "after_s": round(time.monotonic() - started, 3),
                 "output": (out + err).strip()[:400],
@@ -666,11 +765,10 @@ def _mps_cycle(
     if number == MPS_CYCLES:
         _mps_client(ctx, check, control, runner, private, placement, entry, cycle)
     stopped = time.monotonic()
-    rc, out, err = ctx.run(_exec_argv(base["ExecStop"][0]), env=daemon_env, cap_s=30)
+    rc, out, err = ctx.run(lines["stop"], env=daemon_env, cap_s=30)
     cycle["stop"] = {"rc": rc, "output": (out + err).strip()[:400]}
-    while time.monotonic() - stopped < MPS_EXIT_WAIT_S:
-        if not set(mps_processes(ctx.procfs_root)) - before:
-            break
+    wait_s = ctx.left_s(MPS_EXIT_WAIT_S)
+    while time.monotonic() - stopped < wait_s and mps_processes(ctx.procfs_root, pipe):
         time.sleep(0.2)
     cycle["stop"]["gone_after_s"] = round(time.monotonic() - stopped, 3)
     return cycle
@@ -725,4 +823,4 @@ def _mps_client(ctx, check, control, runner, private, placement, entry, cycle) -
             expected=f"cudaMemGetInfo total at most {MPS_PINNED_MIB} MiB",
         )
     finally:
-        cycle["client_stderr"] = stop_client(client)[-2000:]
+        cycle["client_stderr"] = stop_client(client, ctx.left_s(20))[-2000:]

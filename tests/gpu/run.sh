@@ -17,6 +17,11 @@ python=${PYTHON:-python3}
 budget=${GPU_PROOF_BUDGET_S:-420}
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 
+if ! command -v "$python" >/dev/null 2>&1 || ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 9))' 2>/dev/null; then
+    echo "gpu-proof: PYTHON=$python is not a Python 3.9 or newer that runs here; set PYTHON to the interpreter with the host's CUDA stack" >&2
+    exit 2
+fi
+
 if command -v timeout >/dev/null 2>&1; then
     exec timeout --kill-after=10 480 "$python" "$here/gpu_proof.py" --out "$out" --budget-s "$budget"
 fi

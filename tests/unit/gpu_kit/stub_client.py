@@ -24,6 +24,10 @@ def say(event: str, **fields) -> None:
 
 
 def main() -> int:
+    # STUB_STDERR_KB: a chatty framework, writing that much to stderr before anything else.
+    for dummy in range(int(os.environ.get("STUB_STDERR_KB", "0"))):
+        sys.stderr.write("w" * 1023 + "\n")
+    sys.stderr.flush()
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     total = 1 << 30
     limit = os.environ.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "")

@@ -19,7 +19,7 @@ CLIENT = Path(cuda_client.__file__)
     "spelling",
     [
         lambda u: u.bytes,  # CuPy: the 16 bytes of cudaDeviceProp.uuid
-        lambda u: str(u),  # PyTorch: the canonical text
+        str,  # PyTorch: the canonical text
         lambda u: u.hex,  # 32 hex digits
         lambda u: f"GPU-{u}",  # already in CUDA_VISIBLE_DEVICES form
     ],

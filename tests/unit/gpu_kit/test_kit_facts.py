@@ -249,3 +249,20 @@ def test_planner_takes_the_real_mig_inputs(machine, listed):
         assert item.observed["planned"][0]["layout"][0]["profile"] == "1g.10gb"
     else:
         assert "lists MIG profiles only in MIG mode" in item.observed["error"]
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        (6, "", "Failed to display GPU instance profiles: Insufficient Permissions\n"),
+        (124, "", "timed out after 60 s\n"),
+    ],
+    ids=["not root", "timed out"],
+)
+def test_mig_listing_that_proves_nothing_fails(machine, answer):
+    ctx, dummy = machine(
+        H100, runner=FakeSmi(smi_xml(make_snapshots.fleet()[H100]), answer, answer)
+    )
+    run_check(ctx, proof_facts.check_nvml)
+    check = run_check(ctx, proof_facts.check_mig_listings)
+    assert items(check)["0000:18:00.0.lgip"].status == "fail"

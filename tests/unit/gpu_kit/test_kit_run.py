@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -117,3 +118,89 @@ def test_checks_after_the_budget_are_skipped(fleet_context, tmp_path):
     assert gpu_proof.main(["--out", str(out)], ctx=fleet_context, checks=checks) == 0
     document = json.loads((out / "gpu-proof.json").read_text())
     assert document["checks"][1]["skipped"] == "the kit's time budget was spent before this check"
+
+
+def _run_sh(out: Path, **env) -> subprocess.CompletedProcess:
+    """tests/gpu/run.sh with the fakes (nvidia-smi, MPS control) first in PATH and the system
+    python3 (no nvidia-ml-py), as a host with a driver but no NVML bindings."""
+    fakes = Path(__file__).resolve().parent / "fakes"
+    environment = {"PATH": f"{fakes}:/usr/bin:/bin", "PYTHON": "/usr/bin/python3", **env}
+    return subprocess.run(
+        ["bash", str(REPO / "tests/gpu/run.sh"), str(out)],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_checks_that_skip_through_run_sh_are_skips_not_breaks(tmp_path):
+    if (
+        subprocess.run(
+            ["/usr/bin/python3", "-c", "import pynvml"], capture_output=True, check=False
+        ).returncode
+        == 0
+    ):
+        pytest.skip("the system python3 has nvidia-ml-py here")
+    done = _run_sh(tmp_path / "evidence")
+    document = json.loads((tmp_path / "evidence" / "gpu-proof.json").read_text())
+    checks = {check["id"]: check for check in document["checks"]}
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert checks["nvml_facts"]["skipped"].startswith("nvidia-ml-py is not installed")
+    assert checks["nvidia_smi_xml"]["status"] == "pass"  # the recorded H100 XML, parsed
+    # The XML's GPU is not under this machine's /sys: the later checks have no GPU to use.
+    for name in ("mig_listings", "cuda_visibility", "mps"):
+        assert checks[name]["status"] == "skipped" and checks[name]["error"] is None, name
+    assert document["host"]["nvidia_smi_L"]["rc"] == 0
+
+
+def test_a_driver_that_does_not_answer_fails(tmp_path):
+    done = _run_sh(tmp_path / "evidence", FAKE_SMI_BROKEN="1")
+    assert done.returncode == 1, done.stdout + done.stderr
+    document = json.loads((tmp_path / "evidence" / "gpu-proof.json").read_text())
+    driver = document["checks"][0]
+    assert driver["id"] == "driver" and driver["status"] == "fail"
+    assert "couldn't communicate" in driver["items"][0]["observed"]["nvidia_smi_L"]["stderr"]
+    assert document["driver"] is None
+
+
+def test_an_unwritable_out_exits_2_with_one_line(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert gpu_proof.main(["--out", str(blocker / "evidence")]) == 2
+    assert capsys.readouterr().err.startswith(f"gpu-proof: cannot write the evidence to {blocker}")
+
+
+def test_a_new_run_drops_the_old_evidence(fleet_context, tmp_path):
+    out = tmp_path / "evidence"
+    out.mkdir()
+    (out / "nvidia-smi-mig.txt").write_text("from an earlier run\n")
+    (out / "notes.txt").write_text("the operator's own file\n")
+    assert (
+        gpu_proof.main(["--out", str(out)], ctx=fleet_context, checks=gpu_proof.all_checks()[:1])
+        == 0
+    )
+    assert not (out / "nvidia-smi-mig.txt").exists()
+    assert (out / "notes.txt").read_text() == "the operator's own file\n"
+
+
+def test_sigterm_stops_the_run_with_what_it_had(fleet_context, tmp_path):
+    def killed(ctx, check):
+        check.add("before", True)
+        os.kill(os.getpid(), signal.SIGTERM)
+        check.add("after", True)  # never reached
+
+    out = tmp_path / "evidence"
+    checks = [
+        *gpu_proof.all_checks()[:1],
+        ("killed", "gets SIGTERM", killed),
+        *gpu_proof.all_checks()[1:2],
+    ]
+    assert gpu_proof.main(["--out", str(out)], ctx=fleet_context, checks=checks) == 2
+    document = json.loads((out / "gpu-proof.json").read_text())
+    states = [(c["id"], c["status"]) for c in document["checks"]]
+    assert states == [("nvml_facts", "pass"), ("killed", "fail"), ("nvidia_smi_xml", "skipped")]
+    assert document["checks"][1]["error"].startswith("stopped by signal 15")
+    assert document["checks"][2]["skipped"] == "the run was stopped before this check"
+    assert signal.getsignal(signal.SIGTERM) is not gpu_proof._stop

@@ -8,6 +8,8 @@ program the fake in fakes/, as this machine has no GPU.
 from __future__ import annotations
 
 import os
+import subprocess
+import time
 
 import gpu_proof
 import proof_runtime
@@ -157,3 +159,79 @@ def test_kernel_without_numa_maps_skips_the_memory_items(kit_context, monkeypatc
         assert found[name].status == "skipped", name
     assert "no /proc/<pid>/numa_maps" in found["process_memory"].note
     assert check.status == "pass"
+
+
+def test_busy_gpu_is_left_alone(kit_context):
+    ctx = kit_context()
+    ctx.gpu_facts = facts_with(stub_gpu_entry(processes=[4242]))
+    with pytest.raises(gpu_proof.Skip, match=r"every usable GPU runs processes: 0000:00:04.0"):
+        run_check(ctx, proof_runtime.check_cuda_visibility)
+
+
+def test_a_kit_confined_to_fewer_cpus_plans_inside_them(monkeypatch):
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two CPUs")
+    first = min(os.sched_getaffinity(0))
+    monkeypatch.setattr(proof_runtime.os, "sched_getaffinity", lambda pid: {first})
+    numa = numa_facts.read_numa_facts(Reader("/sys", "/proc"))
+    plan, placement = proof_runtime.plan_placement(
+        numa, facts_with(stub_gpu_entry()), stub_gpu_entry(), "x", {}
+    )
+    assert placement["cpus"] == [first]
+    assert first not in plan["reserved_cpus"]
+
+
+def test_a_chatty_client_neither_stalls_nor_floods_the_evidence(kit_context, monkeypatch):
+    monkeypatch.setenv("STUB_STDERR_KB", "256")  # four times a pipe's buffer
+    ctx = kit_context()
+    ctx.gpu_facts = facts_with(stub_gpu_entry())
+    check = run_check(ctx, proof_runtime.check_cuda_visibility)
+    assert check.status == "pass", [i.as_dict() for i in check.items if i.status != "pass"]
+    assert len((ctx.out / "cuda-client.txt").read_text()) < 20000
+
+
+def test_only_the_kits_own_mps_processes_are_counted(tmp_path):
+    env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "theirs")}
+    other = subprocess.Popen(["bash", "-c", "exec -a nvidia-cuda-mps-server sleep 30"], env=env)
+    try:
+        deadline = time.monotonic() + 5
+        while other.pid not in proof_runtime.mps_processes("/proc") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proof_runtime.mps_processes("/proc")[other.pid] == "nvidia-cuda-mps-server"
+        assert other.pid in proof_runtime.mps_processes("/proc", str(tmp_path / "theirs"))
+        assert proof_runtime.mps_processes("/proc", str(tmp_path / "ours")) == {}
+    finally:
+        other.kill()
+        other.wait()
+
+
+CONTROL = "/usr/bin/nvidia-cuda-mps-control"
+
+
+@pytest.mark.parametrize(
+    ("kind", "value", "allowed"),
+    [
+        ("ExecStart", f"{CONTROL} -d", True),
+        ("ExecStop", f"/bin/sh -c 'echo quit | {CONTROL}'", True),
+        (
+            "ExecStartPost",
+            f"/bin/sh -c 'echo set_default_active_thread_percentage 25 | {CONTROL}'",
+            True,
+        ),
+        (
+            "ExecStartPost",
+            f"/bin/sh -c 'echo set_default_device_pinned_mem_limit 0 2048M | {CONTROL}'",
+            True,
+        ),
+        ("ExecStartPost", "+/usr/bin/nvidia-smi -i 0000:00:04.0 -c EXCLUSIVE_PROCESS", False),
+        ("ExecStartPost", f"/bin/sh -c 'echo quit | {CONTROL}; nvidia-smi -r'", False),
+        (
+            "ExecStartPost",
+            "/bin/sh -c 'echo set_default_active_thread_percentage 25 | /tmp/x'",
+            False,
+        ),
+        ("ExecStart", f"{CONTROL} -d -f", False),
+    ],
+)
+def test_only_the_daemons_own_commands_are_run(kind, value, allowed):
+    assert (proof_runtime.allowed_exec(value, CONTROL, kind) is not None) is allowed
