@@ -304,7 +304,17 @@ def driver_absent(ctx: Context) -> Optional[str]:
     """Why this host has no NVIDIA driver, or None when NVML or nvidia-smi answers, or when
     there are signs of a driver or GPU that does not answer (then the checks run and fail, as a
     broken driver is what a bug report is for). ``nvidia-smi -L`` is kept in ctx.listing."""
-    reasons = []
+    reasons, listed = [], False
+    smi = ctx.which("nvidia-smi")
+    if smi is None:
+        reasons.append("nvidia-smi is not in PATH")
+    else:
+        rc, out, err = ctx.run([smi, "-L"], cap_s=30)
+        ctx.listing = {"rc": rc, "stdout": out[-2000:], "stderr": err[-2000:]}
+        listed = rc == 0 and "GPU " in out
+        if not listed:
+            first = (err or out).strip().splitlines()
+            reasons.append(f"nvidia-smi -L exited {rc}: {first[0] if first else 'no output'}")
     if ctx.nvml is not None:
         try:
             ctx.nvml.nvmlInit()
@@ -318,16 +328,8 @@ def driver_absent(ctx: Context) -> Optional[str]:
             return None
     else:
         reasons.append(ctx.nvml_reason or "nvidia-ml-py is not installed")
-    smi = ctx.which("nvidia-smi")
-    if smi is None:
-        reasons.append("nvidia-smi is not in PATH")
-    else:
-        rc, out, err = ctx.run([smi, "-L"], cap_s=30)
-        ctx.listing = {"rc": rc, "stdout": out[-2000:], "stderr": err[-2000:]}
-        if rc == 0 and "GPU " in out:
-            return None
-        first = (err or out).strip().splitlines()
-        reasons.append(f"nvidia-smi -L exited {rc}: {first[0] if first else 'no output'}")
+    if listed:
+        return None
     signs = nvidia_present(ctx)
     if signs:
         ctx.driver_problem = f"{'; '.join(reasons)} although there are {', '.join(signs)}"
@@ -482,8 +484,7 @@ def summary_markdown(document: dict) -> str:
         f"- tested: numafleet.tuning {(host.get('collection') or {}).get('version')} at "
         f"{(host.get('collection') or {}).get('commit') or 'no git commit'} "
         f"({(host.get('collection') or {}).get('module_utils')})",
-        f"- user: uid {host.get('uid')}"
-        + ("" if host.get("root") else " (not root: MPS, numa_maps and MIG listings need root)"),
+        f"- user: uid {host.get('uid')}" + ("" if host.get("root") else " (not root)"),
         f"- result: **{document['status']}** ({document['counts']})",
         f"- files: {', '.join(document.get('files') or []) or 'none'}",
         "",
@@ -564,6 +565,8 @@ class Stopped(Exception):
 
 
 def _stop(signum, frame) -> None:
+    # Once: a second SIGTERM must not break into the cleanup the first one starts.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise Stopped(f"stopped by signal {signum} (run.sh's 480 s limit, or the operator)")
 
 
@@ -612,19 +615,23 @@ def main(argv: Optional[list] = None, ctx: Optional[Context] = None, checks=None
     ctx.out = out
     ctx.deadline = started + args.budget_s
     previous = signal.signal(signal.SIGTERM, _stop)
+    host: dict = {}
+
+    def report(results: list) -> None:
+        document = document_of(ctx, results, started_at, time.monotonic() - started, host)
+        (out / JSON_NAME).write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
+        (out / SUMMARY_NAME).write_text(summary_markdown(document))
+
     try:
         ctx.driver = driver_absent(ctx)
-        host = host_info(ctx)
-
-        def report(results: list) -> None:
-            document = document_of(ctx, results, started_at, time.monotonic() - started, host)
-            (out / JSON_NAME).write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
-            (out / SUMMARY_NAME).write_text(summary_markdown(document))
-
+        host.update(host_info(ctx))
         chosen = list(checks if checks is not None else all_checks())
         if ctx.driver_problem:
             chosen.insert(0, ("driver", "the NVIDIA driver answers", driver_check))
         results = run_checks(ctx, chosen, report)
+    except Stopped as exc:  # before the first check: what there is, and why it stopped
+        results = [Check("setup", "driver detection and host facts", error=str(exc))]
+        report(results)
     finally:
         signal.signal(signal.SIGTERM, previous)
     document = json.loads((out / JSON_NAME).read_text())

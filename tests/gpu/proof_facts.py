@@ -219,9 +219,9 @@ def _profiles_item(check: Check, address: str, mig: Optional[dict], miss: dict) 
 # Check 2
 
 
-def smi_runner(ctx: Context, argv: list):
+def smi_runner(ctx: Context, argv: list, limit_s: int):
     def run():
-        rc, out, err = ctx.run(argv, cap_s=SMI_TIMEOUT_S)
+        rc, out, err = ctx.run(argv, cap_s=limit_s + 10)
         ctx.write("nvidia-smi-q-x.xml", out)
         return rc, out, err
 
@@ -233,8 +233,9 @@ def check_smi_xml(ctx: Context, check: Check) -> None:
     smi = ctx.which("nvidia-smi")
     if smi is None:
         raise Skip("nvidia-smi is not in PATH")
-    argv = gpu.nvidia_smi_argv(smi, ctx.which("timeout"), SMI_TIMEOUT_S)
-    state = gpu.read_nvidia_smi(smi_runner(ctx, argv), False, SMI_TIMEOUT_S)
+    limit = int(ctx.left_s(SMI_TIMEOUT_S))
+    argv = gpu.nvidia_smi_argv(smi, ctx.which("timeout"), limit)
+    state = gpu.read_nvidia_smi(smi_runner(ctx, argv, limit), False, limit)
     ctx.smi_state = state
     text = (ctx.out / "nvidia-smi-q-x.xml").read_text() if "nvidia-smi-q-x.xml" in ctx.files else ""
     doctype = DOCTYPE_RE.search(text)

@@ -6,7 +6,9 @@
 # OUT_DIR defaults to $OUT, else ./gpu-proof-out. PYTHON picks the interpreter (default python3:
 # the one with nvidia-ml-py and PyTorch or CuPy). Reads the GPU and runs user-space CUDA and MPS
 # processes only; never changes a GPU setting. At most 8 minutes: the kit stops starting checks
-# after its budget (GPU_PROOF_BUDGET_S, default 420 s) and is killed at 480 s.
+# after its budget (GPU_PROOF_BUDGET_S, default 420 s), gets SIGTERM at 480 s (only the kit:
+# --foreground, so the signal arrives once and the kit cleans up its own process groups) and
+# SIGKILL 10 s later.
 # Exit status: 0 no item failed (also: no NVIDIA driver, every check skipped), 1 an item failed,
 # 2 the kit broke.
 set -euo pipefail
@@ -23,6 +25,6 @@ if ! command -v "$python" >/dev/null 2>&1 || ! "$python" -c 'import sys; sys.exi
 fi
 
 if command -v timeout >/dev/null 2>&1; then
-    exec timeout --kill-after=10 480 "$python" "$here/gpu_proof.py" --out "$out" --budget-s "$budget"
+    exec timeout --foreground --kill-after=10 480 "$python" "$here/gpu_proof.py" --out "$out" --budget-s "$budget"
 fi
 exec "$python" "$here/gpu_proof.py" --out "$out" --budget-s "$budget"

@@ -3,7 +3,7 @@
 Speaks the client's protocol (JSON lines ``devices`` / ``ready``; ``hold`` waits for a line on
 stdin) for one made-up GPU, ``STUB_GPU_UUID``, filtered the way CUDA filters: with
 ``CUDA_VISIBLE_DEVICES`` set to anything else it sees no device. Under
-``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<n>M`` its total memory is n MiB, as an MPS client's is.
+``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<n>M`` its free memory is under n MiB, as an MPS client's is.
 Its "pinned" buffer is a real mmap that it touches, so the kit reads real numa_maps.
 """
 
@@ -29,10 +29,12 @@ def main() -> int:
         sys.stderr.write("w" * 1023 + "\n")
     sys.stderr.flush()
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    total = 1 << 30
+    # An H200's memory; under an MPS pinned-memory limit the free memory is at most the limit
+    # (less what the client holds), the total stays the GPU's, as the real driver reports it.
+    total = free = 150109880320
     limit = os.environ.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "")
     if limit.startswith("0=") and limit.endswith("M"):
-        total = int(limit[2:-1]) << 20
+        free = (int(limit[2:-1]) - 2) << 20
     devices = []
     if visible is None or visible == UUID:
         devices = [
@@ -41,7 +43,7 @@ def main() -> int:
                 "uuid": UUID,
                 "address": ADDRESS,
                 "memory_total_bytes": total,
-                "memory_free_bytes": total,
+                "memory_free_bytes": free,
             }
         ]
     say("devices", framework="stub", version="0", count=len(devices), devices=devices)

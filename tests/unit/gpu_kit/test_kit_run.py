@@ -46,7 +46,9 @@ def test_dry_run_skips_every_check_and_exits_0(tmp_path):
     ]
     for check in document["checks"]:
         assert check["status"] == "skipped"
-        assert check["skipped"].startswith("no NVIDIA driver (nvmlInit: NVML Shared Library")
+        assert check["skipped"] == (
+            "no NVIDIA driver (nvidia-smi is not in PATH; nvmlInit: NVML Shared Library Not Found)"
+        )
     summary = (out / "gpu-proof.md").read_text()
     assert "result: **skipped** (5 skipped)" in summary
     assert summary in done.stdout
@@ -188,7 +190,11 @@ def test_a_new_run_drops_the_old_evidence(fleet_context, tmp_path):
 def test_sigterm_stops_the_run_with_what_it_had(fleet_context, tmp_path):
     def killed(ctx, check):
         check.add("before", True)
-        os.kill(os.getpid(), signal.SIGTERM)
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+        finally:  # the cleanup a second SIGTERM (timeout's to the group) must not break into
+            os.kill(os.getpid(), signal.SIGTERM)
+            check.add("cleaned up", True)
         check.add("after", True)  # never reached
 
     out = tmp_path / "evidence"
@@ -202,5 +208,18 @@ def test_sigterm_stops_the_run_with_what_it_had(fleet_context, tmp_path):
     states = [(c["id"], c["status"]) for c in document["checks"]]
     assert states == [("nvml_facts", "pass"), ("killed", "fail"), ("nvidia_smi_xml", "skipped")]
     assert document["checks"][1]["error"].startswith("stopped by signal 15")
+    assert [i["name"] for i in document["checks"][1]["items"]] == ["before", "cleaned up"]
     assert document["checks"][2]["skipped"] == "the run was stopped before this check"
     assert signal.getsignal(signal.SIGTERM) is not gpu_proof._stop
+
+
+def test_sigterm_before_the_first_check_exits_2_with_evidence(fleet_context, tmp_path):
+    def which(name):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    fleet_context.which = which
+    out = tmp_path / "evidence"
+    assert gpu_proof.main(["--out", str(out)], ctx=fleet_context) == 2
+    document = json.loads((out / "gpu-proof.json").read_text())
+    assert [c["id"] for c in document["checks"]] == ["setup"]
+    assert document["checks"][0]["error"].startswith("stopped by signal 15")

@@ -97,7 +97,7 @@ def test_mps_cycle_sets_reads_back_and_quits(kit_context):
     read_back = [cycle["read_back"] for cycle in found["settings_right_after_start"].observed]
     assert read_back == [{"active_thread_percentage": 25, "pinned_memory_limit_mib": 2048}] * 3
     assert found["compute_mode_untouched"].status == "skipped"
-    assert found["pinned_limit_seen_by_client"].observed["memory_total_bytes"] == 2048 << 20
+    assert found["pinned_limit_seen_by_client"].observed["memory_free_bytes"] == 2046 << 20
     assert proof_runtime.mps_processes("/proc") == {}
     transcript = (ctx.out / "mps-transcript.txt").read_text()
     assert "ExecStartPost=/bin/sh -c 'echo set_default_active_thread_percentage 25" in transcript
@@ -235,3 +235,22 @@ CONTROL = "/usr/bin/nvidia-cuda-mps-control"
 )
 def test_only_the_daemons_own_commands_are_run(kind, value, allowed):
     assert (proof_runtime.allowed_exec(value, CONTROL, kind) is not None) is allowed
+
+
+def test_a_client_interrupted_while_starting_does_not_outlive_the_kit(kit_context, monkeypatch):
+    def stopped(client, wait_s, wait_for):
+        raise gpu_proof.Stopped("stopped by signal 15")
+
+    monkeypatch.setattr(proof_runtime, "_read_events", stopped)
+    launched = []
+    popen = proof_runtime.subprocess.Popen
+
+    def recording(*args, **kwargs):
+        launched.append(popen(*args, **kwargs))
+        return launched[-1]
+
+    monkeypatch.setattr(proof_runtime.subprocess, "Popen", recording)
+    ctx = kit_context()
+    with pytest.raises(gpu_proof.Stopped):
+        proof_runtime.start_client(ctx, "hold", dict(os.environ))
+    assert launched[0].wait(timeout=10) == -9

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures" / "gpu_snapshots"))
 
 import fake_nvml
 import gpu_proof
