@@ -24,10 +24,16 @@ import save_fixtures
 from test_kit_facts import H100, FakeSmi, section, smi_xml, which
 
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa import (
+    facts as numa_facts,
+)
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import (
+    gpu,
     gpu_smi,
     gpu_snapshot,
     mig_smi,
+    planner,
 )
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa.sysfs import Reader
 
 RECORDED = sorted(path for path in save_fixtures.FIXTURES.glob("*") if path.is_dir())
 LISTING = re.compile(r"^\$ (?P<argv>.*)\n# exit status (?P<rc>\d+)\n", re.MULTILINE)
@@ -139,3 +145,34 @@ def test_save_fixtures_refuses_a_run_without_a_driver(tmp_path):
     evidence.mkdir()
     (evidence / "gpu-proof.json").write_text(json.dumps({"driver_version": None}))
     assert save_fixtures.main(["save_fixtures.py", str(evidence)]) == 1
+
+
+@pytest.mark.parametrize("run", RECORDED, ids=[path.name for path in RECORDED])
+def test_planner_plans_a_mig_layout_from_the_recorded_profiles(run: Path):
+    """The GPU instance profiles a real driver listed (while MIG was disabled, on the H200 run)
+    are enough for the planner to check and place a declared layout in the same run."""
+    state = gpu_snapshot.read_snapshot(str(run / "nvml-snapshot.json"))
+    address, record = next(iter(state.gpus.items()))
+    profiles = record["mig"]["supported_profiles"]
+    if profiles is None:
+        pytest.skip(f"{run.name}: the driver listed no profile ({record['mig']['mode_current']})")
+    seen = gpu.SysfsGpu(address, "nvidia", "0x10de", None, None, None, None, None, None, None, None)
+    entries, dummy = gpu.merge([seen], state)
+    facts = {"gpus": entries, "warnings": []}
+    three = next(p for p in profiles if p["slice_count"] == 3 and p["max_count"] >= 2)
+    layout = [three["name"], three["name"]]
+    numa = numa_facts.read_numa_facts(Reader("/sys", "/proc"))
+    plan = planner.plan_host(
+        "recorded",
+        numa,
+        facts,
+        [],
+        [],
+        {},
+        mig_gpus=[{"gpu": address, "mode": "enabled", "layout": layout}],
+    )
+    (planned,) = plan["mig_gpus"]
+    assert [slot["profile"] for slot in planned["layout"]] == layout
+    starts = {spot["start"] for spot in three["placements"]}
+    assert {slot["start"] for slot in planned["layout"]} <= starts
+    assert len({slot["start"] for slot in planned["layout"]}) == 2
