@@ -13,7 +13,10 @@ NVMLError_Uninitialized; a GPU without MIG answers NOT_SUPPORTED to the MIG call
 calls (``...PossiblePlacements``, ``...GetGpuInstances``, ``...GetComputeInstances``) fill the
 caller's ctypes array and write the count through the ``byref`` count; links past a GPU's last
 NVLink answer INVALID_ARGUMENT. Whether NVML lists GPU-instance profiles while MIG is disabled is
-not documented, so ``profiles_need_mig`` chooses (default: it does not, the cautious reading).
+not documented; a real H200 on driver 580.159.04 lists all 7 (the GPU proof kit's recording in
+tests/unit/fixtures/gpu_proof/h200-580.159.04), so by default the fake does too;
+``profiles_need_mig=True`` gives the other reading (NOT_SUPPORTED until MIG is on), which the
+planner must also handle.
 """
 
 from __future__ import annotations
@@ -121,7 +124,7 @@ class FakeNvml:
         gpus,
         driver_version: str = "560.35.03",
         init_error: Optional[int] = None,
-        profiles_need_mig: bool = True,
+        profiles_need_mig: bool = False,
         driver_profile_names: bool = True,
         missing=(),
     ) -> None:

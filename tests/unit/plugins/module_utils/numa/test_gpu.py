@@ -176,14 +176,15 @@ def test_mig_enabled_gpu_lists_instances_profiles_and_mig_device_uuids(tmp_path)
 
 
 def test_mig_disabled_gpu_has_no_instances_and_profiles_only_if_nvml_lists_them(tmp_path):
-    cautious = gpu.read_nvml(fake.FakeNvml(a100_fleet())).gpus["0000:31:00.0"]
+    cautious = gpu.read_nvml(fake.FakeNvml(a100_fleet(), profiles_need_mig=True))
+    cautious = cautious.gpus["0000:31:00.0"]
     assert cautious["mig"]["mode_current"] == "disabled"
     assert cautious["mig"]["gpu_instances"] == []
     assert cautious["mig"]["supported_profiles"] is None
     assert cautious["unavailable"]["mig.supported_profiles"] == (
         "nvmlDeviceGetGpuInstanceProfileInfo: Not Supported"
     )
-    listing = gpu.read_nvml(fake.FakeNvml(a100_fleet(), profiles_need_mig=False))
+    listing = gpu.read_nvml(fake.FakeNvml(a100_fleet()))  # as driver 580 on an H200 does
     record = listing.gpus["0000:31:00.0"]
     assert [p["id"] for p in record["mig"]["supported_profiles"]] == [19, 20, 15, 14, 9, 5, 0]
     assert record["mig"]["gpu_instances"] == []
