@@ -412,6 +412,13 @@ def parse_services(services) -> list:
     return checked
 
 
+def offnode_share(kb_by_node: dict, mems) -> Optional[float]:
+    """Share (0..1) of ``kb_by_node`` ({node: kB}) on nodes outside ``mems``; None when empty."""
+    total = sum(kb_by_node.values())
+    outside = sum(kb for node, kb in kb_by_node.items() if node not in mems)
+    return outside / total if total else None
+
+
 def measure_service(service: dict, procfs_root: str, sysfs_root: str, cgroup_root: str) -> dict:
     """Measured state of one planned service (see measure_services); raises LocalityError."""
     cpus, mems = list(service.get("cpus") or []), list(service.get("mems") or [])
@@ -435,8 +442,6 @@ def measure_service(service: dict, procfs_root: str, sysfs_root: str, cgroup_roo
                 _add(inside, node, kb)
         for node, kb in maps.file_kb_by_node.items():
             _add(files, node, kb)
-    total = sum(inside.values())
-    outside = sum(kb for node, kb in inside.items() if node not in mems)
     reader = Reader(sysfs_root, "")
     return {
         "name": service["name"],
@@ -454,7 +459,7 @@ def measure_service(service: dict, procfs_root: str, sysfs_root: str, cgroup_roo
             "anon_huge_by_node": {str(node): kb for node, kb in sorted(inside.items())},
             "file_by_node": {str(node): kb for node, kb in sorted(files.items())},
         },
-        "offnode_share": outside / total if total else None,
+        "offnode_share": offnode_share(inside, mems),
         "gpu_locality": [
             _gpu_locality(_gpu_node(reader, gpu), gpu, mems) for gpu in service.get("gpus") or []
         ],
