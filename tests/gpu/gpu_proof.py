@@ -138,9 +138,7 @@ class Check:
     def status(self) -> str:
         if self.error is not None or any(item.status == FAIL for item in self.items):
             return FAIL
-        if self.skipped is not None or not self.items:
-            return SKIPPED
-        if all(item.status == SKIPPED for item in self.items):
+        if self.skipped is not None or all(item.status == SKIPPED for item in self.items):
             return SKIPPED
         return PASS
 
@@ -165,10 +163,15 @@ class Skip(Exception):
 
 
 def run_command(
-    argv: list, stdin: Optional[str] = None, env: Optional[dict] = None, timeout_s: float = 60
+    argv: list,
+    stdin: Optional[str] = None,
+    env: Optional[dict] = None,
+    timeout_s: float = 60,
+    preexec: Optional[Callable] = None,
 ) -> tuple:
     """(rc, stdout, stderr) of ``argv``; rc 124 when it ran past ``timeout_s`` (its whole process
-    group is killed then), 127 when it cannot be started."""
+    group is killed then), 127 when it cannot be started. ``preexec`` runs in the child before
+    exec (the pinning systemd would apply)."""
     try:
         process = subprocess.Popen(
             argv,
@@ -179,8 +182,9 @@ def run_command(
             text=True,
             errors="replace",
             start_new_session=True,
+            preexec_fn=preexec,
         )
-    except OSError as exc:
+    except (OSError, subprocess.SubprocessError) as exc:
         return 127, "", f"{argv[0]}: {exc.strerror or exc}"
     try:
         out, err = process.communicate(stdin, timeout=max(timeout_s, 1))
@@ -295,8 +299,9 @@ def nvidia_present(ctx: Context) -> list:
                 break
         except OSError:
             continue
-    if ctx.which("nvidia-smi"):
-        signs.append(f"nvidia-smi at {ctx.which('nvidia-smi')}")
+    smi = ctx.which("nvidia-smi")
+    if smi:
+        signs.append(f"nvidia-smi at {smi}")
     return signs
 
 
@@ -616,11 +621,13 @@ def main(argv: Optional[list] = None, ctx: Optional[Context] = None, checks=None
     ctx.deadline = started + args.budget_s
     previous = signal.signal(signal.SIGTERM, _stop)
     host: dict = {}
+    written: dict = {}  # the document last written, and its summary
 
     def report(results: list) -> None:
         document = document_of(ctx, results, started_at, time.monotonic() - started, host)
+        written.update(document=document, summary=summary_markdown(document))
         (out / JSON_NAME).write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
-        (out / SUMMARY_NAME).write_text(summary_markdown(document))
+        (out / SUMMARY_NAME).write_text(written["summary"])
 
     try:
         ctx.driver = driver_absent(ctx)
@@ -634,12 +641,11 @@ def main(argv: Optional[list] = None, ctx: Optional[Context] = None, checks=None
         report(results)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    document = json.loads((out / JSON_NAME).read_text())
-    print(summary_markdown(document), end="")
+    print(written["summary"], end="")
     print(f"evidence: {out}")
     if any(check.error for check in results):
         return 2
-    return 1 if document["status"] == FAIL else 0
+    return 1 if written["document"]["status"] == FAIL else 0
 
 
 def driver_check(ctx: Context, check: Check) -> None:

@@ -41,6 +41,17 @@ def nvidia_entries(facts: dict) -> list:
     return [entry for entry in facts["gpus"] if entry["vendor"] == "nvidia"]
 
 
+def host_facts(ctx: Context) -> tuple:
+    """(numa facts, gpu facts or None) as the kit saw them. What check 1 could not gather is
+    gathered now: the NUMA facts, and the GPU facts from nvidia-smi's state when NVML gave none.
+    """
+    if ctx.numa_facts is None:
+        ctx.numa_facts = numa_facts.read_numa_facts(reader_of(ctx))
+    if ctx.gpu_facts is None and ctx.smi_state is not None and ctx.smi_state.nvidia_smi["used"]:
+        ctx.gpu_facts = gpu.read_gpu_topology(reader_of(ctx), ctx.smi_state)
+    return ctx.numa_facts, ctx.gpu_facts
+
+
 def _raw_bus_ids(nvml) -> dict:
     """{normalised address: NVML's own busId text}, straight from nvmlDeviceGetPciInfo."""
     found = {}
@@ -219,10 +230,13 @@ def _profiles_item(check: Check, address: str, mig: Optional[dict], miss: dict) 
 # Check 2
 
 
-def smi_runner(ctx: Context, argv: list, limit_s: int):
+def smi_runner(ctx: Context, argv: list, limit_s: int, kept: dict):
+    """The runner gpu.read_nvidia_smi calls; the XML is written as evidence and kept in ``kept``."""
+
     def run():
         rc, out, err = ctx.run(argv, cap_s=limit_s + 10)
         ctx.write("nvidia-smi-q-x.xml", out)
+        kept["text"] = out
         return rc, out, err
 
     return run
@@ -235,9 +249,10 @@ def check_smi_xml(ctx: Context, check: Check) -> None:
         raise Skip("nvidia-smi is not in PATH")
     limit = int(ctx.left_s(SMI_TIMEOUT_S))
     argv = gpu.nvidia_smi_argv(smi, ctx.which("timeout"), limit)
-    state = gpu.read_nvidia_smi(smi_runner(ctx, argv, limit), False, limit)
+    kept = {"text": ""}
+    state = gpu.read_nvidia_smi(smi_runner(ctx, argv, limit, kept), False, limit)
     ctx.smi_state = state
-    text = (ctx.out / "nvidia-smi-q-x.xml").read_text() if "nvidia-smi-q-x.xml" in ctx.files else ""
+    text = kept["text"]
     doctype = DOCTYPE_RE.search(text)
     version = re.search(r"<driver_version>([^<]*)</driver_version>", text)
     cuda = re.search(r"<cuda_version>([^<]*)</cuda_version>", text)
@@ -356,9 +371,7 @@ def _listing_item(check: Check, name: str, rc: int, out: str, err: str, parsed, 
 def check_mig_listings(ctx: Context, check: Check) -> None:
     """Check 3: nvidia-smi mig -lgip/-lgipp as they are on this driver, and the planner's MIG inputs."""
     smi = ctx.which("nvidia-smi")
-    facts = ctx.gpu_facts
-    if facts is None and ctx.smi_state is not None and ctx.smi_state.nvidia_smi["used"]:
-        facts = gpu.read_gpu_topology(reader_of(ctx), ctx.smi_state)
+    numa, facts = host_facts(ctx)
     if facts is None or not nvidia_entries(facts):
         raise Skip("no NVIDIA GPU in the facts (NVML and nvidia-smi gave none)")
     for entry in nvidia_entries(facts):
@@ -373,7 +386,7 @@ def check_mig_listings(ctx: Context, check: Check) -> None:
             profiles = (entry["mig"] or {}).get("supported_profiles")
             if rows and profiles:
                 _compare_profiles(check, address, rows, spots, profiles)
-        _planner_item(check, ctx, facts, entry)
+        _planner_item(check, numa, facts, entry)
 
 
 def _compare_profiles(check: Check, address: str, rows: list, spots: dict, profiles: list):
@@ -410,13 +423,12 @@ def _compare_profiles(check: Check, address: str, rows: list, spots: dict, profi
     )
 
 
-def _planner_item(check: Check, ctx: Context, facts: dict, entry: dict) -> None:
+def _planner_item(check: Check, numa: dict, facts: dict, entry: dict) -> None:
     """Plan (never apply) one MIG instance of the smallest profile on this GPU from these facts."""
     mig = entry["mig"]
     if mig is None:
         check.add(f"{entry['address']}.planner_mig_inputs", None, note="no MIG on this GPU")
         return
-    numa = ctx.numa_facts or numa_facts.read_numa_facts(reader_of(ctx))
     profiles = mig.get("supported_profiles")
     smallest = profiles[0]["name"] if profiles else None
     # Without listed profiles any layout must be refused as unknown yet (the name is a stand-in).

@@ -23,14 +23,10 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from gpu_proof import Check, Context, Skip, c_environment, kill_group
-from proof_facts import nvidia_entries, reader_of
+from gpu_proof import Check, Context, Skip, c_environment, kill_group, run_command
+from proof_facts import host_facts, nvidia_entries
 
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa import (
-    facts as numa_facts,
-)
-from ansible_collections.numafleet.tuning.plugins.module_utils.numa import (
-    gpu,
     locality,
     mps,
     planner,
@@ -61,14 +57,9 @@ MPS_NAMES = ("nvidia-cuda-mps-control", "nvidia-cuda-mps-server")
 # Facts -> plan -> unit
 
 
-def host_facts(ctx: Context) -> tuple:
-    """(numa facts, gpu facts) as the kit saw them, gathered now when check 1 could not."""
-    numa = ctx.numa_facts or numa_facts.read_numa_facts(reader_of(ctx))
-    ctx.numa_facts = numa
-    facts = ctx.gpu_facts
-    if facts is None and ctx.smi_state is not None and ctx.smi_state.nvidia_smi["used"]:
-        facts = gpu.read_gpu_topology(reader_of(ctx), ctx.smi_state)
-        ctx.gpu_facts = facts
+def gpu_facts_or_skip(ctx: Context) -> tuple:
+    """(numa facts, gpu facts) as proof_facts.host_facts gives them; Skip without GPU facts."""
+    numa, facts = host_facts(ctx)
     if facts is None:
         raise Skip("no GPU facts: neither NVML nor nvidia-smi answered")
     return numa, facts
@@ -284,9 +275,10 @@ def stop_client(client: Client, wait_s: float = 20) -> str:
     return text
 
 
-def buffer_mapping(procfs_root: str, pid: int, address: int) -> dict:
-    """The /proc/<pid>/maps range holding ``address`` and its /proc/<pid>/numa_maps line, read
-    with the collection's numa_maps parser: {range, path, numa_maps, kb_by_node}."""
+def buffer_mapping(procfs_root: str, pid: int, address: int, numa_maps: str) -> dict:
+    """The /proc/<pid>/maps range holding ``address`` and its line of ``numa_maps`` (that
+    process's /proc/<pid>/numa_maps text), read with the collection's numa_maps parser:
+    {range, path, numa_maps, kb_by_node}."""
     found: dict = {"range": None, "path": None, "numa_maps": None, "kb_by_node": None}
     base = Path(procfs_root, str(pid))
     for line in (base / "maps").read_text().splitlines():
@@ -299,7 +291,7 @@ def buffer_mapping(procfs_root: str, pid: int, address: int) -> dict:
     if found["range"] is None:
         return found
     start = found["range"].split("-")[0]
-    for line in (base / "numa_maps").read_text().splitlines():
+    for line in numa_maps.splitlines():
         if line.split(" ", 1)[0].lstrip("0") == start.lstrip("0"):
             found["numa_maps"] = line
             maps = locality.parse_numa_maps(line, f"{base}/numa_maps")
@@ -312,10 +304,10 @@ def buffer_mapping(procfs_root: str, pid: int, address: int) -> dict:
     return found
 
 
-def policies(procfs_root: str, pid: int) -> dict:
-    """{policy word of /proc/<pid>/numa_maps: mappings} (e.g. {"bind:0": 40, "default": 2})."""
+def policies(numa_maps: str) -> dict:
+    """{policy word of a /proc/<pid>/numa_maps text: mappings} ({"bind:0": 40, "default": 2})."""
     seen: dict = {}
-    for line in Path(procfs_root, str(pid), "numa_maps").read_text().splitlines():
+    for line in numa_maps.splitlines():
         fields = line.split()
         if len(fields) > 1:
             seen[fields[1]] = seen.get(fields[1], 0) + 1
@@ -323,12 +315,13 @@ def policies(procfs_root: str, pid: int) -> dict:
 
 
 def off_node_share(maps, mems: list) -> Optional[float]:
-    total = off = 0
+    """locality.offnode_share of a process's anonymous and hugetlb pages, as verify judges it."""
+    inside: dict = {}
     for table in (maps.anon_kb_by_node, maps.huge_kb_by_node):
         for node, kb in table.items():
-            total += kb
-            off += kb if node not in mems else 0
-    return round(off / total, 4) if total else None
+            inside[node] = inside.get(node, 0) + kb
+    share = locality.offnode_share(inside, mems)
+    return None if share is None else round(share, 4)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -338,7 +331,7 @@ def off_node_share(maps, mems: list) -> Optional[float]:
 def check_cuda_visibility(ctx: Context, check: Check) -> None:
     """Check 4: plan a placement on the GPU, render its unit, start a CUDA process with that
     unit's environment and pinning, and see what it sees and where its memory lands."""
-    numa, facts = host_facts(ctx)
+    numa, facts = gpu_facts_or_skip(ctx)
     entry = pick_gpu(facts)
     plan, placement = plan_placement(numa, facts, entry, PLACEMENT, {})
     cpus, mems = placement["cpus"], placement["mems"]
@@ -471,13 +464,13 @@ def _judge_client(
         for name in ("pinned_buffer_node", "process_memory"):
             check.add(name, None, None, note=why + "it cannot tell where memory is")
         return None
-    found = locality.read_process(ctx.procfs_root, pid)
-    if found is None:
+    numa_maps = _read(base / "numa_maps")
+    if numa_maps is None:
         check.add("process_memory", False, "the client exited before it was read")
         return None
-    dummy, maps = found
-    words = policies(ctx.procfs_root, pid)
-    mapping = buffer_mapping(ctx.procfs_root, pid, int(ready["buffer_address"]))
+    maps = locality.parse_numa_maps(numa_maps, str(base / "numa_maps"))
+    words = policies(numa_maps)
+    mapping = buffer_mapping(ctx.procfs_root, pid, int(ready["buffer_address"]), numa_maps)
     mapping.update(allocator=ready.get("allocator"), bytes=ready.get("buffer_bytes"))
     nodes = {int(node) for node in (mapping["kb_by_node"] or {})}
     if mapping["numa_maps"] is None:
@@ -582,7 +575,7 @@ def _exec_argv(value: str) -> list:
 
 
 def _mps_setup(ctx: Context, check: Check) -> tuple:
-    numa, facts = host_facts(ctx)
+    numa, facts = gpu_facts_or_skip(ctx)
     entry = pick_gpu(facts)
     control = ctx.which("nvidia-cuda-mps-control")
     if control is None:
@@ -645,7 +638,7 @@ def check_mps(ctx: Context, check: Check) -> None:
         "stop": allowed_exec(base["ExecStop"][0], control, "ExecStop"),
         "post": [allowed_exec(v, control, "ExecStartPost") for v in extra.get("ExecStartPost", [])],
     }
-    refused = [kind for kind, argv in lines.items() if argv is None or None in (argv or [0])]
+    refused = None in (lines["start"], lines["stop"], *lines["post"])
     check.add(
         "rendered_commands",
         not refused,
@@ -699,11 +692,7 @@ def check_mps(ctx: Context, check: Check) -> None:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-        killed = time.monotonic()
-        while set(leftover) & set(mps_processes(ctx.procfs_root, str(pipe))):
-            if time.monotonic() - killed > 5:
-                break
-            time.sleep(0.1)
+        _wait_gone(ctx.procfs_root, str(pipe), 5)
         logs = "".join(
             f"## {path.name}\n{path.read_text(errors='replace')[-4000:]}\n"
             for path in sorted(log.glob("*"))
@@ -729,35 +718,23 @@ def check_mps(ctx: Context, check: Check) -> None:
     )
 
 
-def _start_daemon(ctx: Context, argv: list, env: dict, cpus: list, mems: list) -> tuple:
-    """Run ``nvidia-cuda-mps-control -d`` with the drop-in's CPUAffinity= and NUMAPolicy=bind +
-    NUMAMask= applied first, as systemd would; (rc, output)."""
-    try:
-        done = subprocess.run(
-            argv,
-            env=env,
-            capture_output=True,
-            text=True,
-            errors="replace",
-            timeout=ctx.left_s(30),
-            preexec_fn=pinning(cpus, mems) if cpus else None,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        return 124, "timed out"
-    except (OSError, subprocess.SubprocessError) as exc:
-        return 127, str(exc)
-    return done.returncode, (done.stdout + done.stderr).strip()[:400]
-
-
 def _mps_cycle(ctx, check, number, lines, daemon_env, runner, private, control, placement, entry):
     cycle: dict = {"cycle": number}
     pipe = private.pipe_dir
     started = time.monotonic()
-    rc, output = _start_daemon(
-        ctx, lines["start"], daemon_env, list(private.cpus), list(private.mems)
+    # With the drop-in's CPUAffinity= and NUMAPolicy=bind + NUMAMask= applied first, as systemd
+    # would; always a real process (no test runner stands in for the daemon's start).
+    rc, out, err = run_command(
+        lines["start"],
+        env=daemon_env,
+        timeout_s=ctx.left_s(30),
+        preexec=pinning(list(private.cpus), list(private.mems)) if private.cpus else None,
     )
-    cycle["start"] = {"rc": rc, "seconds": round(time.monotonic() - started, 3), "output": output}
+    cycle["start"] = {
+        "rc": rc,
+        "seconds": round(time.monotonic() - started, 3),
+        "output": (out + err).strip()[:400],
+    }
     if rc != 0:
         check.add(f"cycle{number}.start", False, cycle["start"])
         return cycle
@@ -780,11 +757,16 @@ def _mps_cycle(ctx, check, number, lines, daemon_env, runner, private, control, 
     stopped = time.monotonic()
     rc, out, err = ctx.run(lines["stop"], env=daemon_env, cap_s=30)
     cycle["stop"] = {"rc": rc, "output": (out + err).strip()[:400]}
-    wait_s = ctx.left_s(MPS_EXIT_WAIT_S)
-    while time.monotonic() - stopped < wait_s and mps_processes(ctx.procfs_root, pipe):
-        time.sleep(0.2)
+    _wait_gone(ctx.procfs_root, pipe, ctx.left_s(MPS_EXIT_WAIT_S))
     cycle["stop"]["gone_after_s"] = round(time.monotonic() - stopped, 3)
     return cycle
+
+
+def _wait_gone(procfs_root: str, pipe_dir: str, wait_s: float) -> None:
+    """Wait up to ``wait_s`` until no MPS process of the kit's pipe directory is left."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and mps_processes(procfs_root, pipe_dir):
+        time.sleep(0.1)
 
 
 def _mps_client(ctx, check, control, runner, private, placement, entry, cycle) -> None:

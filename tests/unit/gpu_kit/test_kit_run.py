@@ -25,15 +25,7 @@ def test_dry_run_skips_every_check_and_exits_0(tmp_path):
     if Path("/proc/driver/nvidia").exists():
         pytest.skip("this machine has an NVIDIA driver: the dry mode does not apply")
     out = tmp_path / "evidence"
-    env = {**os.environ, "PYTHON": sys.executable, "PATH": "/usr/bin:/bin"}
-    done = subprocess.run(
-        ["bash", str(REPO / "tests/gpu/run.sh"), str(out)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = _run_sh(out, {**os.environ, "PYTHON": sys.executable, "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr
     document = json.loads((out / "gpu-proof.json").read_text())
     assert document["status"] == "skipped"
@@ -122,19 +114,23 @@ def test_checks_after_the_budget_are_skipped(fleet_context, tmp_path):
     assert document["checks"][1]["skipped"] == "the kit's time budget was spent before this check"
 
 
-def _run_sh(out: Path, **env) -> subprocess.CompletedProcess:
-    """tests/gpu/run.sh with the fakes (nvidia-smi, MPS control) first in PATH and the system
-    python3 (no nvidia-ml-py), as a host with a driver but no NVML bindings."""
-    fakes = Path(__file__).resolve().parent / "fakes"
-    environment = {"PATH": f"{fakes}:/usr/bin:/bin", "PYTHON": "/usr/bin/python3", **env}
+def _run_sh(out: Path, env: dict) -> subprocess.CompletedProcess:
+    """tests/gpu/run.sh OUT in the environment ``env``."""
     return subprocess.run(
         ["bash", str(REPO / "tests/gpu/run.sh"), str(out)],
-        env=environment,
+        env=env,
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
     )
+
+
+def _with_fakes(**env) -> dict:
+    """The fakes (nvidia-smi, MPS control) first in PATH and the system python3 (no
+    nvidia-ml-py), as a host with a driver but no NVML bindings."""
+    fakes = Path(__file__).resolve().parent / "fakes"
+    return {"PATH": f"{fakes}:/usr/bin:/bin", "PYTHON": "/usr/bin/python3", **env}
 
 
 def test_checks_that_skip_through_run_sh_are_skips_not_breaks(tmp_path):
@@ -145,7 +141,7 @@ def test_checks_that_skip_through_run_sh_are_skips_not_breaks(tmp_path):
         == 0
     ):
         pytest.skip("the system python3 has nvidia-ml-py here")
-    done = _run_sh(tmp_path / "evidence")
+    done = _run_sh(tmp_path / "evidence", _with_fakes())
     document = json.loads((tmp_path / "evidence" / "gpu-proof.json").read_text())
     checks = {check["id"]: check for check in document["checks"]}
     assert done.returncode == 0, done.stdout + done.stderr
@@ -158,7 +154,7 @@ def test_checks_that_skip_through_run_sh_are_skips_not_breaks(tmp_path):
 
 
 def test_a_driver_that_does_not_answer_fails(tmp_path):
-    done = _run_sh(tmp_path / "evidence", FAKE_SMI_BROKEN="1")
+    done = _run_sh(tmp_path / "evidence", _with_fakes(FAKE_SMI_BROKEN="1"))
     assert done.returncode == 1, done.stdout + done.stderr
     document = json.loads((tmp_path / "evidence" / "gpu-proof.json").read_text())
     driver = document["checks"][0]
