@@ -136,7 +136,7 @@ PLAY_VAR = "numafleet_drift_run"
 VERIFY_TASK = "Evaluate the verify checks"
 PLAN_TASK = "Plan placements"
 FINAL_TASK = "Fail when drift or verify failures were found"
-RUN_DIR = re.compile(r"^[0-9]{8}T[0-9]{6}Z(-[0-9]+)?$")
+RUN_DIR = re.compile(r"^[0-9]{8}T[0-9]{6}Z(-[0-9]+)?\Z")
 _SETTING = re.compile(r"^\s*\"?([A-Za-z_][A-Za-z0-9_.\-/ ]*?)\"?\s*(?::\s|:$|=)")
 _MAX_SETTINGS = 20
 _MAX_MSG = 500

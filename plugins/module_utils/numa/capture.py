@@ -65,7 +65,7 @@ def _archive_name(real: str, real_roots: dict):
     return top if rel == "." else os.path.normpath(os.path.join(top, rel))
 
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 
 
 def check_capture_name(name: str) -> str:

@@ -9,7 +9,7 @@ from .errors import CpulistError
 
 # A set larger than this is certainly garbage, not a machine: refuse before building it.
 MAX_CPUS = 1 << 20
-_HEX_WORD = re.compile(r"^[0-9a-fA-F]{1,8}$")
+_HEX_WORD = re.compile(r"^[0-9a-fA-F]{1,8}\Z")
 
 
 def _clean(text: str) -> str:

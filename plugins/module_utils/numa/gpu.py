@@ -67,7 +67,7 @@ _SYSFS_FIELDS = (
 _VENDORS = {pci.VENDOR_NVIDIA: "nvidia", pci.VENDOR_AMD: "amd"}
 _MIB = 1 << 20
 _GIB = 1 << 30
-_CARD_RE = re.compile(r"^card[0-9]+$")
+_CARD_RE = re.compile(r"^card[0-9]+\Z")
 _KILL_AFTER_S = 5
 # Longest piece of a file or command output quoted in a message.
 _QUOTE_LIMIT = 80

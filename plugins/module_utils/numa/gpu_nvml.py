@@ -27,7 +27,7 @@ from .gpu import (
 # NVML_GPU_INSTANCE_PROFILE_<n>_SLICE[_<variant>]: the variant decides the name suffix, as in
 # nvidia-smi and NVIDIA's go-nvlib (REV1 = with media extensions, REV2 = double memory).
 # Patterns only NVML needs are compiled when first used (re caches them), not at import.
-_GI_CONSTANT_RE = r"^NVML_GPU_INSTANCE_PROFILE_([0-9]+)_SLICE(?:_([A-Z0-9_]+))?$"
+_GI_CONSTANT_RE = r"^NVML_GPU_INSTANCE_PROFILE_([0-9]+)_SLICE(?:_([A-Z0-9_]+))?\Z"
 _GI_SUFFIXES = {
     None: "",
     "REV1": "+me",
@@ -36,7 +36,7 @@ _GI_SUFFIXES = {
     "NO_ME": "-me",
     "ALL_ME": "+me.all",
 }
-_CI_CONSTANT_RE = r"^NVML_COMPUTE_INSTANCE_PROFILE_([0-9]+)_SLICE(?:_[A-Z0-9]+)?$"
+_CI_CONSTANT_RE = r"^NVML_COMPUTE_INSTANCE_PROFILE_([0-9]+)_SLICE(?:_[A-Z0-9]+)?\Z"
 
 
 class _NvmlMissing(NumaTuneError):

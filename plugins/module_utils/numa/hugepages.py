@@ -44,8 +44,8 @@ GRUBBY_PATHS = ("/usr/sbin/grubby", "/sbin/grubby", "/usr/bin/grubby")
 GRUB_MARKERS = ("/etc/default/grub", "/usr/sbin/update-grub")
 
 NODE_DIR = ("devices", "system", "node")
-_NODE_RE = re.compile(r"^node([0-9]+)$")
-_POOL_RE = re.compile(r"^hugepages-([0-9]+)kB$")
+_NODE_RE = re.compile(r"^node([0-9]+)\Z")
+_POOL_RE = re.compile(r"^hugepages-([0-9]+)kB\Z")
 _RELEASE_RE = re.compile(r"^([0-9]+)\.([0-9]+)")
 _STOP_THEN_RUN = "stop the services holding them, then run again"
 
@@ -127,8 +127,8 @@ def format_size(size_kb: int) -> str:
 MOUNT_UNIT_DIR = "/etc/systemd/system"
 DEFAULT_MOUNT_MODE = "1770"
 _UNIT_PLAIN = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789:_.")
-_MODE_RE = re.compile(r"^[0-7]{3,4}$")
-_GROUP_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_.-]{0,31}\$?|[0-9]+)$")
+_MODE_RE = re.compile(r"^[0-7]{3,4}\Z")
+_GROUP_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_.-]{0,31}\$?|[0-9]+)\Z")
 _UNIT_NAME_MAX = 255
 
 

@@ -62,8 +62,8 @@ QUERY_TIMEOUT_S = 30
 _KILL_AFTER_S = 10
 # is-active states in which the daemon runs (or is about to).
 RUNNING = ("active", "activating", "reloading", "refreshing")
-_PCI_ADDRESS = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
-_ASSIGN = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=(.*)$")
+_PCI_ADDRESS = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]\Z")
+_ASSIGN = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=(.*)\Z")
 
 
 class KernelSettingError(NumaTuneError):
@@ -721,7 +721,7 @@ def plan_banned_line(text: Optional[str], cpus: tuple, path: str) -> tuple:
     lines = (text or "").splitlines(keepends=True)
     found, before = [], None
     for index, line in enumerate(lines):
-        match = _ASSIGN.match(line)
+        match = _ASSIGN.match(line.rstrip("\r\n"))
         if not match:
             continue
         key, value = match.group(1), match.group(2).strip().strip("\"'").strip()

@@ -20,9 +20,9 @@ from .sysfs import Reader
 from .topology import NODE_DIR, parse_counters, read_topology
 
 PERF_EVENTS = ("node-loads", "node-load-misses")
-_ADDR_RE = re.compile(r"^[0-9a-f]+$")
-_NODE_TOKEN_RE = re.compile(r"^N([0-9]+)=([0-9]+)$")
-_NODE_DIR_RE = re.compile(r"^node([0-9]+)$")
+_ADDR_RE = re.compile(r"^[0-9a-f]+\Z")
+_NODE_TOKEN_RE = re.compile(r"^N([0-9]+)=([0-9]+)\Z")
+_NODE_DIR_RE = re.compile(r"^node([0-9]+)\Z")
 # A process that exits between listing and reading: its /proc files vanish (ENOENT) or, while it
 # is a zombie being reaped, reads fail with ESRCH.
 _GONE = (errno.ENOENT, errno.ESRCH)

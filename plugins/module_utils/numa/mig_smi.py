@@ -41,19 +41,19 @@ _LGIP_ROW = re.compile(
 )
 _LGIPP_ROW = re.compile(
     r"^GPU\s+(?P<gpu>\d+)\s+Profile ID\s+(?P<id>\d+)\s+Placements?\s*:\s*"
-    r"(?:\{(?P<starts>[\d,\s]*)\}:(?P<size>\d+)|None)\s*$"
+    r"(?:\{(?P<starts>[\d,\s]*)\}:(?P<size>\d+)|None)\s*\Z"
 )
 _LGI_ROW = re.compile(
     r"^\|\s*(?P<gpu>\d+)\s+MIG\s+(?P<name>\S+)\s+(?P<profile>\d+)\s+(?P<id>\d+)\s+"
-    r"(?P<start>\d+):(?P<size>\d+)\s*\|$"
+    r"(?P<start>\d+):(?P<size>\d+)\s*\|\Z"
 )
 _LCI_ROW = re.compile(
     r"^\|\s*(?P<gpu>\d+)\s+(?P<gi>\d+)\s+MIG\s+(?P<name>\S+)\s+(?P<profile>\d+)\s+(?P<id>\d+)"
-    r"(?:\s+(?P<start>\d+):(?P<size>\d+))?\s*\|$"
+    r"(?:\s+(?P<start>\d+):(?P<size>\d+))?\s*\|\Z"
 )
-_L_GPU = re.compile(r"^GPU\s+(?P<index>\d+):\s+(?P<name>.*?)\s+\(UUID:\s*(?P<uuid>[^)\s]+)\)\s*$")
+_L_GPU = re.compile(r"^GPU\s+(?P<index>\d+):\s+(?P<name>.*?)\s+\(UUID:\s*(?P<uuid>[^)\s]+)\)\s*\Z")
 _L_MIG = re.compile(
-    r"^\s+MIG\s+(?P<name>\S+)\s+Device\s+(?P<device>\d+):\s+\(UUID:\s*(?P<uuid>[^)\s]+)\)\s*$"
+    r"^\s+MIG\s+(?P<name>\S+)\s+Device\s+(?P<device>\d+):\s+\(UUID:\s*(?P<uuid>[^)\s]+)\)\s*\Z"
 )
 _CREATED_GI = re.compile(
     r"Successfully created GPU instance ID\s+(?P<id>\d+)\s+on GPU\s+(?P<gpu>\d+)\s+"

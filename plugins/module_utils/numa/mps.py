@@ -46,12 +46,12 @@ _REPLAN = (
     "and fix the host_vars it was planned from"
 )
 # A device UUID as nvidia-smi prints it (GPU-..., MIG-...): also a valid unit instance name.
-_INSTANCE = re.compile(r"^(GPU|MIG)-[A-Za-z0-9-]+$")
-_ADDRESS = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
-_USER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*\$?$")
+_INSTANCE = re.compile(r"^(GPU|MIG)-[A-Za-z0-9-]+\Z")
+_ADDRESS = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]\Z")
+_USER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*\$?\Z")
 # Programs run inside '/bin/sh -c ...' and as plain ExecStart= words: nothing to quote or expand.
-_PROGRAM = re.compile(r"^/[A-Za-z0-9/._+-]+$")
-_PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*$")
+_PROGRAM = re.compile(r"^/[A-Za-z0-9/._+-]+\Z")
+_PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*\Z")
 _MEM_LIMIT = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT])(?:i?B)?\b", re.IGNORECASE)
 _MEM_FACTOR_MIB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
 

@@ -14,7 +14,7 @@ from .topology import as_plain, frozen_builder
 
 PCI_DIR = ("bus", "pci", "devices")
 # PCI addresses: domain (16 bits usually, 32 bits on VMD/Hyper-V hosts), bus, device, function.
-_ADDRESS_RE = re.compile(r"^([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
+_ADDRESS_RE = re.compile(r"^([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])\Z")
 VENDOR_NVIDIA = "0x10de"
 VENDOR_AMD = "0x1002"
 # class code (base class + subclass, 4 hex digits) -> device kind; see the PCI Code and ID

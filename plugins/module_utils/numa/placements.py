@@ -67,29 +67,29 @@ HUGEPAGES_EXTRA_VAR = "numafleet_hugepages_extra"
 MIG_GPUS_VAR = "numafleet_mig_gpus"
 MIG_MODES = ("enabled", "disabled")
 
-_PLACEMENT_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
-_TENANT_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
-_USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}\$?$")
-_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_UNIT = re.compile(r"^[A-Za-z0-9:_.@\\-]{1,249}\.service$")
-_PROGRAM = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$")
-_SIZE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)\s*(?:([kmgt])(i?))?(b?)$", re.IGNORECASE)
+_PLACEMENT_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}\Z")
+_TENANT_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}\Z")
+_USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}\$?\Z")
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+_UNIT = re.compile(r"^[A-Za-z0-9:_.@\\-]{1,249}\.service\Z")
+_PROGRAM = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*\Z")
+_SIZE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)\s*(?:([kmgt])(i?))?(b?)\Z", re.IGNORECASE)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _QUOTING = re.compile(r"['\"\\]")
 _MULTIPLIER = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 # The last character of the usual sizes (64G, 512M): its multiplier, either case.
 _UNIT_MULTIPLIER = {unit: _MULTIPLIER[unit.lower()] for unit in "kmgtKMGT"}
-_GPU_ADDRESS = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+_GPU_ADDRESS = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]\Z")
 # BB:DD.F, the form without the PCI domain that lspci and the plan summary print.
-GPU_SHORT_ADDRESS = re.compile(r"^[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+GPU_SHORT_ADDRESS = re.compile(r"^[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]\Z")
 # Units this collection writes itself (numafleet-<placement>.service): never a drop-in target.
 GENERATED_UNIT_PREFIX = "numafleet-"
 _MIB_KB = 1024
 # What a drop-in leaves to the pinned unit itself (description/hardening are exec-only keys).
 _UNIT_OWN = {"description": "Description=", "hardening": "the sandboxing settings"}
 # A MIG profile name as nvidia-smi and NVML print it without "MIG ": 3g.40gb, 1g.10gb+me, 1c.3g.40gb.
-_MIG_PROFILE = re.compile(r"^[0-9]+g\.[0-9]+gb(?:[+-][a-z.]+)?$")
-_MIG_CI_PROFILE = re.compile(r"^(?:[0-9]+c\.)?[0-9]+g\.[0-9]+gb(?:[+-][a-z.]+)?$")
+_MIG_PROFILE = re.compile(r"^[0-9]+g\.[0-9]+gb(?:[+-][a-z.]+)?\Z")
+_MIG_CI_PROFILE = re.compile(r"^(?:[0-9]+c\.)?[0-9]+g\.[0-9]+gb(?:[+-][a-z.]+)?\Z")
 _CONTROL_NAMES = {"\t": "a tab", "\n": "a newline", "\r": "a carriage return"}
 
 

@@ -18,14 +18,14 @@ KIND_CPU_ONLY = "cpu-only"
 KIND_MEMORY_ONLY = "memory-only"
 KIND_EMPTY = "empty"
 KIND_UNKNOWN = "unknown"
-_NODE_RE = re.compile(r"^node([0-9]+)$")
-_CPU_RE = re.compile(r"^cpu([0-9]+)$")
-_POOL_RE = re.compile(r"^hugepages-([0-9]+)kB$")
+_NODE_RE = re.compile(r"^node([0-9]+)\Z")
+_CPU_RE = re.compile(r"^cpu([0-9]+)\Z")
+_POOL_RE = re.compile(r"^hugepages-([0-9]+)kB\Z")
 # Values as_plain() passes through as they are.
 _LEAVES = (str, int, float, bool, type(None))
 # Field names of each dataclass as_plain() has met, in field order.
 _FIELD_NAMES: dict = {}
-_MEMINFO_RE = re.compile(r"^(?:Node\s+\d+\s+)?([A-Za-z0-9_()]+):\s+(\d+)(?:\s+kB)?$")
+_MEMINFO_RE = re.compile(r"^(?:Node\s+\d+\s+)?([A-Za-z0-9_()]+):\s+(\d+)(?:\s+kB)?\Z")
 
 
 def frozen_builder(cls):

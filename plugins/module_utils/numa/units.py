@@ -60,9 +60,9 @@ _REPLAN = (
 # Characters systemd-escape keeps as they are (src/basic/unit-name.c VALID_CHARS, less "-" and "\").
 _PLAIN = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789:_.")
 _UNIT_PREFIX = r"[A-Za-z0-9:_.\\-]+"
-_UNIT_NAME = re.compile(rf"^{_UNIT_PREFIX}(@[A-Za-z0-9:_.\\-]*)?\.(service|slice)$")
-_INSTANCE = re.compile(r"^[A-Za-z0-9:_.-]+$")
-_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_UNIT_NAME = re.compile(rf"^{_UNIT_PREFIX}(@[A-Za-z0-9:_.\\-]*)?\.(service|slice)\Z")
+_INSTANCE = re.compile(r"^[A-Za-z0-9:_.-]+\Z")
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 # ExecStart= prefixes systemd reads from the first word, even when it is quoted.
 _EXEC_PREFIXES = "-@:+!|"
 # Refused by systemd in the program path (string_is_safe), or not expanded there ($).
