@@ -29,8 +29,10 @@ def read_numa_facts(reader: Reader) -> dict:
     reader.check_roots()
     topo = topology.read_topology(reader)
     node_cpus = {node.id: node.cpus for node in topo.nodes}
-    devices = pci.read_pci_devices(reader, node_cpus)
+    findings: list = []
+    devices = pci.read_pci_devices(reader, node_cpus, findings)
     facts = topology.as_facts(topo)
+    facts["consistency"].extend(findings)
     facts["pci_devices"] = pci.as_facts(pci.placement_devices(devices))
     facts["sysfs_root"] = reader.sysfs_root
     facts["procfs_root"] = reader.procfs_root

@@ -192,24 +192,70 @@ def _read_all(reader: Reader, base: str) -> tuple:
 
 
 def _with_node(device: PciDevice, node_cpus: dict) -> PciDevice:
-    """``device`` with the node infer_node gives for ``node_cpus``."""
+    """``device`` with the node infer_node gives for ``node_cpus``.
+
+    A ``numa_node`` that names no node of ``node_cpus`` (when it lists any) is unknown, as -1 is.
+    """
     if device.numa_node is not None:  # infer_node takes it as it is
-        return device
+        if not node_cpus or device.numa_node in node_cpus:
+            return device
+        device = replace(device, numa_node=None, node=None, node_source=None)
     node, source = infer_node(None, device.local_cpus, node_cpus)
     if node is None:
         return device
     return replace(device, node=node, node_source=source)
 
 
-def read_pci_devices(reader: Reader, node_cpus: dict) -> list:
+def missing_node_findings(reader: Reader, devices: list, node_cpus: dict) -> list:
+    """Consistency findings (kind ``device_on_missing_node``) of devices whose ``numa_node``
+    names a node missing from ``node_cpus``; each is also a warning naming the file.
+
+    ``devices`` are those read_pci_devices read (their ``numa_node`` as sysfs gave it); nothing
+    is found when ``node_cpus`` is empty (a kernel without NUMA sysfs).
+    """
+    findings = []
+    if not node_cpus:
+        return findings
+    known = ", ".join(str(nid) for nid in sorted(node_cpus))
+    base = reader.sys(*PCI_DIR)
+    for device in devices:
+        claimed = device.numa_node
+        if claimed is None or claimed in node_cpus:
+            continue
+        path = f"{base}/{device.address}/numa_node"
+        reader.warn(
+            path,
+            f"names node {claimed}, which does not exist (nodes: {known}): locality taken as "
+            "unknown, as for -1",
+        )
+        findings.append(
+            {
+                "kind": "device_on_missing_node",
+                "cpus": [],
+                "nodes": [claimed],
+                "message": f"PCI device {device.address} ({device.kind or 'other'}) says it is "
+                f"on node {claimed} ({path}), which does not exist (nodes: {known}); its "
+                "locality is unknown, as for numa_node -1",
+            }
+        )
+    return findings
+
+
+def read_pci_devices(reader: Reader, node_cpus: dict, findings: Optional[list] = None) -> list:
     """Every PCI function under <sysfs_root>/bus/pci/devices, sorted by address.
 
-    ``node_cpus`` maps node id -> CPUs and is used to infer an unknown node from local CPUs.
-    Entries whose name is not a PCI address become warnings. A reader made with ``remember``
-    reads the devices once for itself and its siblings (Reader.once).
+    ``node_cpus`` maps node id -> CPUs and is used to infer an unknown node from local CPUs; a
+    device whose ``numa_node`` names a node not in it is unknown (numa_node and node None), a
+    warning naming its ``numa_node`` file, and with ``findings`` (a list) a consistency finding
+    appended there. Entries whose name is not a PCI address become warnings. A reader made with
+    ``remember`` reads the devices once for itself and its siblings (Reader.once).
     """
     base = reader.sys(*PCI_DIR)
     found = reader.once(("pci_devices", base), lambda: _read_all(reader, base))
+    wanted = [device for device in found if device.kind is not None]
+    missing = missing_node_findings(reader, wanted, node_cpus)
+    if findings is not None:
+        findings.extend(missing)
     return [_with_node(device, node_cpus) for device in found]
 
 

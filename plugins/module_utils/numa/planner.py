@@ -272,6 +272,7 @@ class _Host:
             for entry in per_cpu:
                 self.cpu_node.setdefault(entry["id"], entry.get("node"))
         self._check_reserved(nodes)
+        self._untrusted_facts(numa, siblings)
         blocked = self.reserved | self.isolated
         self.usable: dict = {}
         self.free_groups: dict = {}
@@ -337,6 +338,46 @@ class _Host:
         )
         self._index_gpus(gpu_topology, mig_gpus)
 
+    def _untrusted_facts(self, numa: dict, siblings: dict) -> None:
+        """What the facts mark untrusted, and the plan warnings saying what the plan does.
+
+        A node of kind unknown (numa_facts could not use its CPU list or meminfo) gets no
+        placement, CPU or memory; online CPUs with unknown SMT siblings (``siblings`` null) are
+        grouped by what their siblings' lists say, else one CPU per core. See
+        docs/architecture.md, "Facts the planner does not trust".
+        """
+        self.untrusted: dict = {}  # node id -> the warnings of its files
+        self.facts_warnings: list = []
+        warned = [w for w in numa.get("warnings") or () if isinstance(w, dict)]
+        for nid, node in self.node.items():
+            if node.get("kind") != "unknown":
+                continue
+            inside = f"/node{nid}/"
+            files = [
+                f"{w.get('path')} ({w.get('reason')})"
+                for w in warned
+                if inside in str(w.get("path"))
+            ]
+            self.untrusted[nid] = "; ".join(files) or "see ansible_facts.numa.warnings"
+            self.facts_warnings.append(
+                f"node {nid} gets no placement: numa_facts could not use its CPU list or "
+                f"meminfo ({self.untrusted[nid]}); fix the host's sysfs and gather facts again"
+            )
+        unsure = [cpu for cpu, listed in siblings.items() if listed is None and cpu in self.online]
+        if unsure:
+            self.facts_warnings.append(
+                f"CPUs {format_cpulist(unsure)} have unknown SMT siblings (their "
+                "thread_siblings_list could not be used, see ansible_facts.numa.warnings): "
+                "grouped by their siblings' lists, else one CPU per core, so a placement may "
+                "share a physical core with another"
+            )
+
+    def kind_text(self, nid: int) -> str:
+        """'kind memory-only', or for an untrusted node the files numa_facts could not use."""
+        if nid in getattr(self, "untrusted", {}):
+            return f"kind unknown: numa_facts could not use {self.untrusted[nid]}"
+        return f"kind {self.node[nid].get('kind')}"
+
     def _check_reserved(self, nodes: list) -> None:
         missing = sorted(cpu for cpu in self.reserved if cpu not in self.cpu_node)
         if missing:
@@ -379,6 +420,8 @@ class _Host:
                     )
                     cpu_node = near[0] if near else None
             gpu = _Gpu(entry, cpu_node)
+            if node is not None and node not in self.dist:
+                gpu.node = None  # a node that does not exist: unknown, as numa_node -1
             self.gpus.append(gpu)
             self.gpu_by_id[gpu.address] = gpu
             if gpu.uuid:
@@ -592,8 +635,8 @@ class _Host:
             if nid not in self.budget:
                 raise PlacementError(
                     self.host,
-                    f"{where}.node: node {nid} has no memory for hugepages (kind "
-                    f"{self.node[nid].get('kind')}); pick one of "
+                    f"{where}.node: node {nid} has no memory for hugepages "
+                    f"({self.kind_text(nid)}); pick one of "
                     f"{', '.join(str(n) for n in self.mem_nodes) or 'none'}",
                 )
             if extra.size_kb not in self.hp_sizes[nid]:
@@ -1079,8 +1122,8 @@ class _Planner:
         if p.node not in state.usable:
             raise PlacementError(
                 state.host,
-                f"{p.where}.node: node {p.node} has no CPUs a placement can use (kind "
-                f"{state.node[p.node].get('kind')}); pick one of "
+                f"{p.where}.node: node {p.node} has no CPUs a placement can use "
+                f"({state.kind_text(p.node)}); pick one of "
                 f"{', '.join(str(n) for n in state.cpu_nodes)}",
             )
 
@@ -1597,7 +1640,8 @@ class _Planner:
         unknown = [g.address for g in fit.gpus if g.node is None]
         for address in unknown:
             warnings.append(
-                f"GPU {address} has unknown NUMA locality (numa_node -1); CPUs and memory were "
+                f"GPU {address} has unknown NUMA locality (numa_node -1, or a node that does "
+                "not exist); CPUs and memory were "
                 f"placed on node {fit.nodes[0]} by CPU/memory fit. Set node: if you know the "
                 "GPU's node"
             )
@@ -1751,6 +1795,16 @@ class _Planner:
         nodes = list(old["nodes"])
         if p.node is not None and nodes[0] != p.node:
             return f"its recorded node {nodes[0]} is not node {p.node}"
+        lost = [nid for nid in nodes if nid in state.untrusted]
+        if lost:
+            raise PlanError(
+                state.host,
+                f"{p.where} runs on node {lost[0]} (the plan applied last), whose facts cannot "
+                f"be trusted now: numa_facts could not use {state.untrusted[lost[0]]}; "
+                "planning it elsewhere would move a running service, so fix the host's sysfs "
+                "(or the /sys the facts read) and gather facts again, or set "
+                "numafleet_repack: true to place every placement anew",
+            )
         cpus = old["cpus"]
         for cpu in cpus:
             node = state.cpu_node.get(cpu)
@@ -2253,8 +2307,10 @@ def plan_host(
         "mps_daemons": daemons,
         "mig_gpus": _mig_gpus_out(gpus_out),
         "stability": dict(sorted(planner.keep.items())),
-        # In declaration order, whatever order kept and new placements were committed in.
-        "warnings": [
+        # Facts the planner does not trust first, then the placements' in declaration order,
+        # whatever order kept and new placements were committed in.
+        "warnings": [f"facts: {text}" for text in state.facts_warnings]
+        + [
             f"placement {entry['name']}: {text}"
             for entry in planner.out
             for text in entry["warnings"]

@@ -24,6 +24,9 @@ _CHUNK = 1 << 16
 _OK, _MISSING, _BAD = 0, 1, 2
 _GONE = (_MISSING, None)
 _NOT_REGULAR = (_BAD, "not a regular file")
+# Files the kernel never writes: read as unreadable (None and a warning), never as empty text.
+_NUL_ONLY = (_BAD, "holds only NUL bytes (the kernel never writes that): not used")
+_NUL_INSIDE = (_BAD, "holds NUL bytes inside its text (the kernel never writes that): not used")
 # st_mode & _FILE_TYPE == _REGULAR is stat.S_ISREG(st_mode), without the call.
 _FILE_TYPE, _REGULAR, _LINK = 0o170000, stat.S_IFREG, stat.S_IFLNK
 
@@ -156,6 +159,9 @@ class Reader:
     def text(self, path: str, optional: bool = False, at: Optional[str] = None) -> Optional[str]:
         """File content with trailing NULs and whitespace removed; None (and a warning) on error.
 
+        A file of NUL bytes alone, or with NULs inside its text, is an error (the kernel never
+        writes one): never empty text, which a CPU-less node's cpulist legitimately is.
+
         With ``optional=True`` a missing file is not a warning: older kernels lack many files.
         ``at`` is the same file's name without links on the way (see resolved()), opened
         instead of ``path``, which is what is recorded, remembered and warned about.
@@ -219,10 +225,14 @@ class Reader:
         """As parsed(path, parse), as a tuple; each text is parsed once for the reader's family.
 
         The tuple may be shared with other callers (it is immutable); cpulist() and cpumask()
-        give each caller its own list. ``at`` as for text().
+        give each caller its own list. ``at`` as for text(). An empty cpumask file (the
+        kernel writes "0" words for no CPU) is a warning and None, as NUL bytes are (see text()).
         """
         text = self.text(path, optional, at)
         if text is None:
+            return None
+        if not text and parse is parse_cpumask:
+            self.warn(path, "is empty; the kernel writes a cpumask as hex words: not used")
             return None
         known = self._cpusets.get((parse, text))
         if known is None:
@@ -343,7 +353,18 @@ def _read_text(path: str, _stat=os.stat, _open=os.open, _read=os.read, _close=os
         return _BAD, exc.strerror or "cannot be read"
     text = raw.decode("utf-8", "replace")
     if "\0" in text:
-        text = text.replace("\0", "")
+        # NULs after the text are padding some dumps and drivers add ("0-3\n\0", "\n\0" for
+        # an empty list). NULs alone, before an empty line or inside the text the kernel never
+        # writes: such a file is unreadable, never an empty value.
+        padded = text.rstrip("\0")
+        if "\0" not in padded:
+            return padded.strip() if padded else _NUL_ONLY
+        body = text.rstrip("\0 \t\n")
+        if not body:
+            return _NUL_ONLY
+        if "\0" in body:
+            return _NUL_INSIDE
+        return body.strip()
     return text.strip()
 
 

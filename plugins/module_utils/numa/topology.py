@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import re
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Optional
 
 from .cpulist import format_cpulist, parse_cpulist, parse_cpumask
@@ -26,6 +26,9 @@ _LEAVES = (str, int, float, bool, type(None))
 # Field names of each dataclass as_plain() has met, in field order.
 _FIELD_NAMES: dict = {}
 _MEMINFO_RE = re.compile(r"^(?:Node\s+\d+\s+)?([A-Za-z0-9_()]+):\s+(\d+)(?:\s+kB)?\Z")
+# ACPI SLIT / device-tree distances as Linux accepts them: 10 to itself, 11-255 to any other.
+LOCAL_DISTANCE = 10
+MAX_DISTANCE = 255
 
 
 def frozen_builder(cls):
@@ -169,6 +172,15 @@ def node_kind(cpus, memory_kb: Optional[int]) -> str:
     return KIND_MEMORY_ONLY if has_memory else KIND_EMPTY
 
 
+def _page_count(reader: Reader, path: str, optional: bool = False) -> Optional[int]:
+    """A hugepage counter of ``path``; None with a warning when unreadable or negative."""
+    count = reader.integer(path, optional)
+    if count is not None and count < 0:
+        reader.warn(path, f"is {count}; a page count is never negative: not used")
+        return None
+    return count
+
+
 def _read_pools(reader: Reader, directory: str, with_reserved: bool) -> tuple:
     pools = []
     for name in reader.listdir(directory, optional=True):
@@ -179,10 +191,10 @@ def _read_pools(reader: Reader, directory: str, with_reserved: bool) -> tuple:
         pools.append(
             HugepagePool(
                 size_kb=int(match.group(1)),
-                total=reader.integer(f"{pool}/nr_hugepages"),
-                free=reader.integer(f"{pool}/free_hugepages"),
-                surplus=reader.integer(f"{pool}/surplus_hugepages", optional=True),
-                reserved=reader.integer(f"{pool}/resv_hugepages", optional=True)
+                total=_page_count(reader, f"{pool}/nr_hugepages"),
+                free=_page_count(reader, f"{pool}/free_hugepages"),
+                surplus=_page_count(reader, f"{pool}/surplus_hugepages", optional=True),
+                reserved=_page_count(reader, f"{pool}/resv_hugepages", optional=True)
                 if with_reserved
                 else None,
             )
@@ -200,20 +212,31 @@ def _listed_ids(reader: Reader, directory: str, pattern) -> list:
 
 
 def _node_cpus(reader: Reader, base: str) -> Optional[list]:
-    """CPUs of a node directory from cpulist, else cpumap (old kernels); None if neither reads."""
-    has_list = reader.exists(f"{base}/cpulist")
-    cpus = reader.cpulist(f"{base}/cpulist") if has_list else None
-    if cpus is None:
-        cpus = reader.cpumask(f"{base}/cpumap", optional=has_list)
-    return cpus
+    """CPUs of a node directory from cpulist, else cpumap (old kernels have no cpulist).
+
+    None (and a warning naming the file) when the file is unreadable, NUL bytes or garbage: a
+    cpulist that is there but lies is not replaced by cpumap, a view of the same kernel mask.
+    Empty text is a node without CPUs (a memory-only node: CXL, HBM, GPU memory).
+    """
+    if reader.exists(f"{base}/cpulist"):
+        return reader.cpulist(f"{base}/cpulist")
+    return reader.cpumask(f"{base}/cpumap")
 
 
 def read_node_cpus(reader: Reader) -> dict:
-    """{node id: CPUs} of <sysfs_root>/devices/system/node/node*/cpulist (else cpumap); {} without NUMA."""
+    """{node id: CPUs} of <sysfs_root>/devices/system/node/node*/cpulist (else cpumap); {} without NUMA.
+
+    Only online nodes (node/online, when it reads), as read_topology lists them; a node whose
+    CPU list is unusable (a warning) has no CPUs here.
+    """
     node_dir = reader.sys(*NODE_DIR)
+    listed = _listed_ids(reader, node_dir, _NODE_RE)
+    if listed:
+        online = _nonempty_cpulist(reader, f"{node_dir}/online")
+        if online is not None:
+            listed = sorted(set(online) & set(listed))
     return {
-        node_id: tuple(_node_cpus(reader, f"{node_dir}/node{node_id}") or ())
-        for node_id in _listed_ids(reader, node_dir, _NODE_RE)
+        node_id: tuple(_node_cpus(reader, f"{node_dir}/node{node_id}") or ()) for node_id in listed
     }
 
 
@@ -234,10 +257,57 @@ def _read_node(reader: Reader, node_id: int) -> NumaNode:
     )
 
 
+def _nonempty_cpulist(reader: Reader, path: str) -> Optional[list]:
+    """CPUs of a cpulist the kernel never writes empty (the CPU reading it is in it), or None.
+
+    An empty list is a warning naming the file, and None: the caller falls back as for a
+    missing file instead of taking "no CPU at all".
+    """
+    cpus = reader.cpulist(path, optional=True)
+    if cpus == []:
+        reader.warn(path, "is empty, which the kernel never writes for this file: not used")
+        return None
+    return cpus
+
+
+def check_distances(reader: Reader, nodes: tuple, node_ids: list) -> tuple:
+    """``nodes`` with each distance row the kernel could not have written emptied, and warned.
+
+    A row must have one entry per online node (the order of ``node_ids``), 10 for the node
+    itself and 11-255 for every other; anything else (a row of another width, a table shifted
+    by a lost entry) cannot be lined up with the nodes, so the planner gets no row at all and
+    ranks the node's neighbours as unknown (distance 255).
+    """
+    checked = []
+    for node in nodes:
+        row = node.distances
+        problem = None
+        if not row:
+            pass
+        elif len(row) != len(node_ids):
+            problem = f"has {len(row)} entries for {len(node_ids)} online nodes"
+        else:
+            for other, distance in zip(node_ids, row):
+                low = LOCAL_DISTANCE if other == node.id else LOCAL_DISTANCE + 1
+                high = LOCAL_DISTANCE if other == node.id else MAX_DISTANCE
+                if not low <= distance <= high:
+                    problem = f"gives distance {distance} to node {other} (want {low}-{high})"
+                    break
+        if problem is None:
+            checked.append(node)
+            continue
+        path = reader.sys(*NODE_DIR, f"node{node.id}", "distance")
+        reader.warn(path, f"{problem}: not used")
+        checked.append(replace(node, distances=()))
+    return tuple(checked)
+
+
 def _cpu_sets(reader: Reader, cpu_ids: list) -> dict:
     base = reader.sys(*CPU_DIR)
     sets = {}
-    for name in ("possible", "present", "online", "offline", "isolated", "nohz_full"):
+    for name in ("possible", "present", "online"):
+        sets[name] = _nonempty_cpulist(reader, f"{base}/{name}")
+    for name in ("offline", "isolated", "nohz_full"):
         sets[name] = reader.cpulist(f"{base}/{name}", optional=True)
     if sets["online"] is None:  # old kernels: derive from cpuN/online (cpu0 often has none)
         sets["online"] = [
@@ -270,9 +340,7 @@ def _read_cpu(reader: Reader, cpu_dir: str, cpu: int, online: bool, node_of: dic
             siblings=(),
         )
     die = reader.integer(f"{topo}/die_id", optional=True)
-    siblings = reader.cpuset(f"{topo}/thread_siblings_list", parse_cpulist, optional=True)
-    if siblings is None:
-        siblings = reader.cpuset(f"{topo}/thread_siblings", parse_cpumask) or (cpu,)
+    siblings = _siblings(reader, topo, cpu)
     return _cpu(
         id=cpu,
         online=True,
@@ -282,6 +350,32 @@ def _read_cpu(reader: Reader, cpu_dir: str, cpu: int, online: bool, node_of: dic
         core=reader.integer(f"{topo}/core_id"),
         siblings=siblings,
     )
+
+
+def _own_siblings(reader: Reader, path: str, parse, cpu: int, optional: bool) -> Optional[tuple]:
+    """The CPU set of ``path`` when it holds ``cpu``; else None, with a warning if it read."""
+    found = reader.cpuset(path, parse, optional)
+    if found is None or cpu in found:
+        return found
+    listed = format_cpulist(found) or "nothing"
+    reader.warn(
+        path,
+        f"lists {listed}, not CPU {cpu} itself (an online CPU is always its own SMT sibling): "
+        "not used",
+    )
+    return None
+
+
+def _siblings(reader: Reader, topo: str, cpu: int) -> Optional[tuple]:
+    """SMT siblings of online ``cpu`` (thread_siblings_list, else the thread_siblings mask).
+
+    None when neither file gives a set holding the CPU itself (each such file is a warning):
+    the siblings are then unknown, never guessed as the CPU alone.
+    """
+    siblings = _own_siblings(reader, f"{topo}/thread_siblings_list", parse_cpulist, cpu, True)
+    if siblings is None:
+        siblings = _own_siblings(reader, f"{topo}/thread_siblings", parse_cpumask, cpu, False)
+    return siblings
 
 
 def _packages(per_cpu: tuple) -> tuple:
@@ -300,12 +394,14 @@ def _packages(per_cpu: tuple) -> tuple:
 
 
 def check_consistency(nodes: tuple, per_cpu: tuple, offline_nodes: list) -> tuple:
-    """Consistency findings: nodes that split a core's SMT siblings, CPUs listed in offline nodes."""
+    """Consistency findings: nodes that split a core's SMT siblings, CPUs listed in offline
+    nodes, online CPUs that no node lists, online CPUs whose SMT siblings are unknown.
+    """
     findings = []
     node_of = {cpu: node.id for node in nodes for cpu in node.cpus}
     seen = set()
     for cpu in per_cpu:
-        group = tuple(sorted(set(cpu.siblings) | {cpu.id}))
+        group = tuple(sorted(set(cpu.siblings or ()) | {cpu.id}))
         if len(group) < 2 or group in seen:
             continue
         seen.add(group)
@@ -331,6 +427,36 @@ def check_consistency(nodes: tuple, per_cpu: tuple, offline_nodes: list) -> tupl
                     f"{format_cpulist(node.cpus)}",
                 }
             )
+    homeless = [cpu.id for cpu in per_cpu if cpu.online and cpu.node is None]
+    if homeless:
+        unknown = [node.id for node in nodes if node.kind == KIND_UNKNOWN]
+        findings.append(
+            {
+                "kind": "cpus_without_node",
+                "cpus": homeless,
+                "nodes": unknown,
+                "message": f"online CPUs {format_cpulist(homeless)} are in no node's CPU list"
+                + (
+                    f" (the CPU list of node {', '.join(map(str, unknown))} could not be used, "
+                    "see warnings)"
+                    if unknown
+                    else ""
+                )
+                + "; placements never use them",
+            }
+        )
+    unsure = [cpu.id for cpu in per_cpu if cpu.online and cpu.siblings is None]
+    if unsure:
+        findings.append(
+            {
+                "kind": "siblings_unknown",
+                "cpus": unsure,
+                "nodes": sorted({cpu.node for cpu in per_cpu if cpu.id in unsure} - {None}),
+                "message": f"SMT siblings of online CPUs {format_cpulist(unsure)} are unknown "
+                "(thread_siblings_list and thread_siblings unusable, see warnings); the planner "
+                "counts each as a core of its own, so two placements may share a physical core",
+            }
+        )
     return tuple(findings)
 
 
@@ -374,9 +500,11 @@ def read_topology(reader: Reader) -> Topology:
     meminfo = reader.parsed(reader.proc("meminfo"), parse_meminfo, optional=numa_enabled) or {}
     if numa_enabled:
         listed = _listed_ids(reader, node_dir, _NODE_RE)
-        online_nodes = reader.cpulist(f"{node_dir}/online", optional=True)
+        online_nodes = _nonempty_cpulist(reader, f"{node_dir}/online")
         node_ids = listed if online_nodes is None else sorted(set(online_nodes) & set(listed))
-        nodes = tuple(_read_node(reader, node_id) for node_id in node_ids)
+        nodes = check_distances(
+            reader, tuple(_read_node(reader, node_id) for node_id in node_ids), node_ids
+        )
         offline_nodes = sorted(set(listed) - set(node_ids))
         offline_dirs = tuple(_read_node(reader, node_id) for node_id in offline_nodes)
     else:

@@ -824,7 +824,8 @@ def test_unknown_locality_gpu_is_a_fallback_with_a_warning(machine_facts):
     assert addresses(entry) == ["0000:06:00.0", "0000:07:00.0"]
     assert entry["node"] == 1
     assert result["warnings"] == [
-        "placement two: GPU 0000:06:00.0 has unknown NUMA locality (numa_node -1); CPUs and "
+        "placement two: GPU 0000:06:00.0 has unknown NUMA locality (numa_node -1, or a node that "
+        "does not exist); CPUs and "
         "memory were placed on node 1 by CPU/memory fit. Set node: if you know the GPU's node"
     ]
 

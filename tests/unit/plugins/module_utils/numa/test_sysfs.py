@@ -123,7 +123,8 @@ def test_cpu_sets_are_parsed_once_per_text_and_each_caller_gets_its_own_list(tmp
 )
 def test_text_reads_up_to_the_read_limit(tmp_path, size):
     body = (b"0123456789abcdef" * (size // 16 + 1))[:size]
-    (tmp_path / "f").write_bytes(body + b"\0\n" if size < 10 else body)
+    # Small files end as some dumps pad them ("\n\0"); NULs before the newline would be a lie.
+    (tmp_path / "f").write_bytes(body + b"\n\0" if size < 10 else body)
     assert Reader(str(tmp_path), "").text(str(tmp_path / "f")) == body[: sysfs.READ_LIMIT].decode()
 
 

@@ -147,7 +147,7 @@ def test_no_numa_sysfs_gives_one_node_from_proc(tmp_path):
         ("sys/devices/system/node/node0/meminfo", "garbage\n", "malformed"),
         ("sys/devices/system/node/node0/distance", "ten\n", "malformed"),
         ("sys/devices/system/node/node0/numastat", "numa_hit x\n", "malformed"),
-        ("sys/devices/system/cpu/cpu1/topology/core_id", "\x00\x00", "malformed"),
+        ("sys/devices/system/cpu/cpu1/topology/core_id", "\x00\x00", "only NUL bytes"),
     ],
 )
 def test_malformed_file_is_a_warning_naming_path_and_reason(tmp_path, rel, text, reason):
