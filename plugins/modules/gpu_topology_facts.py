@@ -172,7 +172,10 @@ ansible_facts:
               type: str
               sample: "0x20b5"
             numa_node:
-              description: C(numa_node) file; V(null) when the kernel says V(-1) (unknown).
+              description:
+                - C(numa_node) file; V(null) when the kernel says V(-1) (unknown).
+                - Also V(null) when it names a node that is not online (a warning naming the
+                  file); C(node) is then inferred as for V(-1).
               type: int
               sample: 0
             node:

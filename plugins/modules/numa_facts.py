@@ -24,6 +24,12 @@ description:
   - A file that is unreadable, malformed, not a regular file, or missing although every kernel
     writes it, never fails the module; it becomes an entry in RV(ansible_facts.numa.warnings) with
     its path and the reason. Files that older kernels lack are read when present.
+  - A file holding what the kernel never writes is such a warning too, and its value unknown,
+    never an empty set - NUL bytes alone or inside the text (trailing NUL padding is fine), an
+    empty C(online), C(possible), C(present) or C(node/online) list, an empty cpumask, an SMT
+    sibling list without the CPU itself, a distance row of the wrong width or out of range, a
+    negative hugepage count, a PCI C(numa_node) naming a node that does not exist. An empty node
+    C(cpulist) is a CPU-less memory node (CXL, HBM, GPU memory), not a warning.
   - Fails, naming the option, when O(sysfs_root) has no C(devices/system/cpu) directory or
     O(procfs_root) is not a directory, so a mistyped root is never read as an empty machine.
   - With O(gpu=true) it also publishes C(ansible_facts.gpu_topology), exactly what
@@ -209,7 +215,11 @@ ansible_facts:
               type: int
               sample: 0
             cpus:
-              description: CPUs of the node (C(nodeN/cpulist), else C(nodeN/cpumap)).
+              description:
+                - CPUs of the node (C(nodeN/cpulist), else C(nodeN/cpumap) on kernels without
+                  C(cpulist)); empty for a CPU-less node.
+                - Also empty when the list could not be used (NUL bytes, garbage); the node's
+                  C(kind) is then V(unknown) and the file is in RV(ansible_facts.numa.warnings).
               type: list
               elements: int
               sample: [0, 1, 2, 3]
@@ -229,12 +239,18 @@ ansible_facts:
               type: str
               sample: cpu+memory
             distances:
-              description: ACPI SLIT row (C(nodeN/distance)), aligned with RV(ansible_facts.numa.node_ids).
+              description:
+                - ACPI SLIT row (C(nodeN/distance)), aligned with RV(ansible_facts.numa.node_ids).
+                - Empty when the row could not be used - not one entry per online node, not 10 to
+                  the node itself, or not 11-255 to another (see RV(ansible_facts.numa.warnings)).
               type: list
               elements: int
               sample: [10, 20]
             hugepages:
-              description: Per-node hugepage pools, one per page size, sorted by size.
+              description:
+                - Per-node hugepage pools, one per page size, sorted by size.
+                - A count that is unreadable or negative is V(null) (see
+                  RV(ansible_facts.numa.warnings)).
               type: list
               elements: dict
               contains:
@@ -316,7 +332,11 @@ ansible_facts:
               description: C(topology/core_id) (unique within a package only).
               type: int
             siblings:
-              description: SMT siblings of the CPU including itself (C(thread_siblings_list)).
+              description:
+                - SMT siblings of the CPU including itself (C(thread_siblings_list), else the
+                  C(thread_siblings) mask); empty for an offline CPU.
+                - V(null) (unknown) for an online CPU when neither file gives a set holding the
+                  CPU itself (a C(siblings_unknown) finding in RV(ansible_facts.numa.consistency)).
               type: list
               elements: int
         packages:
@@ -374,7 +394,15 @@ ansible_facts:
           returned: always
           contains:
             kind:
-              description: V(split_core) (a core's SMT siblings sit in two nodes) or V(cpus_in_offline_node).
+              description:
+                - V(split_core) (a core's SMT siblings sit in two nodes) or
+                  V(cpus_in_offline_node).
+                - V(cpus_without_node) - online CPUs that no node's CPU list holds (its C(nodes)
+                  are the nodes of kind V(unknown)); placements never use them.
+                - V(siblings_unknown) - online CPUs whose SMT siblings could not be read; the
+                  planner groups them by their siblings' lists, else one CPU per core.
+                - V(device_on_missing_node) - a PCI device whose C(numa_node) names a node that
+                  does not exist (in C(nodes)); its locality is unknown, as for V(-1).
               type: str
             cpus:
               description: CPUs concerned.
@@ -419,7 +447,10 @@ ansible_facts:
               type: str
               sample: "0x20b5"
             numa_node:
-              description: C(numa_node) file; V(null) when the kernel says V(-1) (unknown).
+              description:
+                - C(numa_node) file; V(null) when the kernel says V(-1) (unknown).
+                - Also V(null) when it names a node that does not exist (a
+                  C(device_on_missing_node) finding); C(node) is then inferred as for V(-1).
               type: int
             local_cpus:
               description: C(local_cpulist) (else C(local_cpus)) of the device.

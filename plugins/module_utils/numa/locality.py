@@ -359,13 +359,22 @@ def _unavailable(reason: str) -> dict:
 
 
 def _gpu_node(reader: Reader, gpu: dict) -> Optional[int]:
-    """The GPU's numa_node from sysfs when the device is there (-1 = None), else the plan's."""
+    """The GPU's numa_node from sysfs when the device is there, else the plan's.
+
+    None (unknown) for -1 and for a node that has no ``devices/system/node/node<N>`` directory
+    on a host that has the others: such a numa_node lies, as numa_facts reports it.
+    """
     address = gpu.get("address")
     if address:
         path = reader.sys("bus", "pci", "devices", address, "numa_node")
         if reader.exists(path):
             node = reader.integer(path)
-            return None if node is None or node < 0 else node
+            if node is None or node < 0:
+                return None
+            nodes = reader.sys("devices", "system", "node")
+            if reader.isdir(nodes) and not reader.isdir(f"{nodes}/node{node}"):
+                return None
+            return node
     return gpu.get("node")
 
 

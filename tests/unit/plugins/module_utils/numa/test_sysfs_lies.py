@@ -420,3 +420,46 @@ def test_the_planner_takes_a_gpu_on_a_node_it_does_not_know_as_unknown(fixture_r
     plan = plan_of(root, [p("a", cpus=4, node=0, gpus=3)], gpus=gpus)
     (entry,) = plan["placements"]
     assert any("GPU 0000:b1:00.0 has unknown NUMA locality" in w for w in entry["warnings"])
+
+
+# ---------------------------------------------------------------------------------------------
+# The whole class: every file the readers use, replaced by NUL bytes, is a warning naming it
+
+
+@pytest.mark.parametrize("machine", [QEMU, POWER9])
+def test_every_file_read_as_nul_bytes_is_a_warning_naming_it(fixture_root, machine):
+    root = fixture_root(machine, writable=True)
+    reader = Reader(f"{root}/sys", f"{root}/proc")
+    read_numa_facts(reader)
+    gpu.read_gpus(reader, topology.read_node_cpus(reader))
+    files = sorted(p for p in reader.accessed if os.path.isfile(p) and not os.path.islink(p))
+    assert len(files) > 20
+    silent = []
+    for path in files:
+        with open(path, "rb") as handle:
+            saved = handle.read()
+        try:
+            with open(path, "wb") as handle:
+                handle.write(NULS)
+            facts = read_numa_facts(Reader(f"{root}/sys", f"{root}/proc"))
+            if not any(w["path"] == path for w in facts["warnings"]):
+                silent.append(os.path.relpath(path, root))
+        finally:
+            with open(path, "wb") as handle:
+                handle.write(saved)
+    assert silent == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Verify: a GPU's numa_node read on the host is held to the same rule
+
+
+@pytest.mark.parametrize(("claimed", "want"), [(b"1\n", 1), (b"6\n", None), (NULS, None)])
+def test_verify_takes_a_gpu_on_a_missing_node_as_unknown(fixture_root, claimed, want):
+    from ansible_collections.numafleet.tuning.plugins.module_utils.numa import locality
+
+    # 0000:81:00.0 is on node 1 in the recorded guest; node 6 does not exist there.
+    root = edited(fixture_root, QEMU, {f"{PCI}/0000:81:00.0/numa_node": claimed})
+    reader = Reader(f"{root}/sys", "")
+    # before: node 6, judged "not next to the placement's memory" (ok False)
+    assert locality._gpu_node(reader, {"address": "0000:81:00.0", "node": 1}) == want
