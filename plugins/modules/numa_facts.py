@@ -26,10 +26,11 @@ description:
     its path and the reason. Files that older kernels lack are read when present.
   - A file holding what the kernel never writes is such a warning too, and its value unknown,
     never an empty set - NUL bytes alone or inside the text (trailing NUL padding is fine), an
-    empty C(online), C(possible), C(present) or C(node/online) list, an empty cpumask, an SMT
-    sibling list without the CPU itself, a distance row of the wrong width or out of range, a
-    negative hugepage count, a PCI C(numa_node) naming a node that does not exist. An empty node
-    C(cpulist) is a CPU-less memory node (CXL, HBM, GPU memory), not a warning.
+    empty C(online), C(possible), C(present) or C(node/online) list, an empty cpumask, a node CPU
+    list naming CPUs beyond C(possible), an SMT sibling list without the CPU itself, a distance
+    row of the wrong width or out of range, a negative hugepage count, a PCI C(numa_node) naming
+    a node that does not exist. An empty node C(cpulist) is a CPU-less memory node (CXL, HBM,
+    GPU memory), not a warning.
   - Fails, naming the option, when O(sysfs_root) has no C(devices/system/cpu) directory or
     O(procfs_root) is not a directory, so a mistyped root is never read as an empty machine.
   - With O(gpu=true) it also publishes C(ansible_facts.gpu_topology), exactly what

@@ -374,7 +374,7 @@ class _Host:
 
     def kind_text(self, nid: int) -> str:
         """'kind memory-only', or for an untrusted node the files numa_facts could not use."""
-        if nid in getattr(self, "untrusted", {}):
+        if nid in self.untrusted:
             return f"kind unknown: numa_facts could not use {self.untrusted[nid]}"
         return f"kind {self.node[nid].get('kind')}"
 
@@ -883,7 +883,7 @@ class _Planner:
                 f"{', '.join(str(n) for n in state.cpu_nodes)})",
             )
         if nid not in state.usable:
-            kind = state.node[nid].get("kind") if nid in state.node else "not in the NUMA facts"
+            kind = state.kind_text(nid) if nid in state.node else "kind not in the NUMA facts"
             nearest = sorted(
                 state.cpu_nodes,
                 key=lambda other: (state.dist.get(nid, {}).get(other, 255), other),
@@ -897,7 +897,7 @@ class _Planner:
             raise PlacementError(
                 state.host,
                 f"{p.where}.near: {label} is on node {nid}, which has no CPUs a placement can "
-                f"use (kind {kind}); {fix}",
+                f"use ({kind}); {fix}",
             )
         if p.node is not None and p.node != nid:
             raise PlacementError(

@@ -302,6 +302,32 @@ def check_distances(reader: Reader, nodes: tuple, node_ids: list) -> tuple:
     return tuple(checked)
 
 
+def check_node_cpus(reader: Reader, nodes: tuple, possible: list) -> tuple:
+    """``nodes`` with each node whose CPU list names CPUs beyond ``possible`` made unknown.
+
+    The kernel's node masks only ever hold possible CPUs: a list naming others is garbage, the
+    whole of it. Such a node gets no CPUs and kind unknown, with a warning naming its file.
+    """
+    if not possible:
+        return nodes
+    allowed = set(possible)
+    checked = []
+    for node in nodes:
+        beyond = [cpu for cpu in node.cpus if cpu not in allowed]
+        if not beyond:
+            checked.append(node)
+            continue
+        base = reader.sys(*NODE_DIR, f"node{node.id}")
+        path = f"{base}/cpulist" if reader.exists(f"{base}/cpulist") else f"{base}/cpumap"
+        reader.warn(
+            path,
+            f"names CPUs {format_cpulist(beyond)}, beyond the possible CPUs "
+            f"{format_cpulist(possible)}: not used",
+        )
+        checked.append(replace(node, cpus=(), kind=KIND_UNKNOWN))
+    return tuple(checked)
+
+
 def _cpu_sets(reader: Reader, cpu_ids: list) -> dict:
     base = reader.sys(*CPU_DIR)
     sets = {}
@@ -502,9 +528,9 @@ def read_topology(reader: Reader) -> Topology:
         listed = _listed_ids(reader, node_dir, _NODE_RE)
         online_nodes = _nonempty_cpulist(reader, f"{node_dir}/online")
         node_ids = listed if online_nodes is None else sorted(set(online_nodes) & set(listed))
-        nodes = check_distances(
-            reader, tuple(_read_node(reader, node_id) for node_id in node_ids), node_ids
-        )
+        nodes = tuple(_read_node(reader, node_id) for node_id in node_ids)
+        nodes = check_distances(reader, nodes, node_ids)
+        nodes = check_node_cpus(reader, nodes, sets["possible"])
         offline_nodes = sorted(set(listed) - set(node_ids))
         offline_dirs = tuple(_read_node(reader, node_id) for node_id in offline_nodes)
     else:

@@ -463,3 +463,18 @@ def test_verify_takes_a_gpu_on_a_missing_node_as_unknown(fixture_root, claimed, 
     reader = Reader(f"{root}/sys", "")
     # before: node 6, judged "not next to the placement's memory" (ok False)
     assert locality._gpu_node(reader, {"address": "0000:81:00.0", "node": 1}) == want
+
+
+@pytest.mark.parametrize(
+    ("rel", "content"),
+    [
+        (f"{NODE}/node1/cpulist", b"2-3,200\n"),  # CPU 200 of a guest with possible 0-3
+        (f"{NODE}/node1/cpulist", b"2-9\n"),
+    ],
+)
+def test_a_node_cpulist_beyond_the_possible_cpus_is_unknown(fixture_root, rel, content):
+    root = edited(fixture_root, QEMU, {rel: content})
+    facts = facts_of(root)
+    assert "beyond the possible CPUs 0-3" in warned(facts, root, rel)
+    assert node(facts, 1)["kind"] == "unknown" and node(facts, 1)["cpus"] == []
+    assert finding(facts, "cpus_without_node")["cpus"] == [2, 3]
