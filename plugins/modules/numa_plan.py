@@ -410,7 +410,11 @@ ansible_facts:
           type: dict
           sample: {llm-70b: kept, embed: "its request changed (cpus 4 -> 8)"}
         warnings:
-          description: Warnings of the plan, for example a GPU with unknown NUMA locality.
+          description:
+            - Warnings of the plan, for example a GPU with unknown NUMA locality.
+            - Those about facts the planner does not trust come first and start with C(facts:) (a
+              node of kind V(unknown) that gets no placement, CPUs with unknown SMT siblings);
+              those of a placement start with C(placement <name>:).
           type: list
           elements: str
     numafleet_changes:
