@@ -105,7 +105,7 @@ PATH_MAX = 4096
 NAME_MAX = 255
 _ACCOUNT = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*\$?\Z")
 _ACCOUNT_MAX = 31  # systemd's strict rule: UT_NAMESIZE - 1
-_CALENDAR = re.compile(r"[A-Za-z0-9][A-Za-z0-9 :*,./~_+-]*\Z")
+_CALENDAR = re.compile(r"[A-Za-z0-9 :*,./~_+@-]+\Z")
 _TIMESPAN = re.compile(r"[0-9][A-Za-z0-9 .]*\Z|infinity\Z")
 
 
@@ -310,7 +310,7 @@ def account_name(value: str, what: str) -> str:
 
 
 def calendar_value(value: str, what: str) -> str:
-    """An OnCalendar= value as written (letters, digits, spaces and ``:*,./~_+-``).
+    """An OnCalendar= value as written (letters, digits, spaces and ``:*,./~_+@-``).
 
     systemd-analyze calendar judges the syntax itself; this only keeps out what a unit line
     would change (quotes, backslashes, ``%``, control characters, outer spaces). Raises
@@ -320,7 +320,7 @@ def calendar_value(value: str, what: str) -> str:
     if not _CALENDAR.match(value):
         raise UnitRenderError(
             f"{what}: {value!r} is not a calendar expression of letters, digits, spaces and "
-            ":*,./~_+- (no quotes, backslashes or %); write e.g. daily or *-*-* 03:00:00"
+            ":*,./~_+@- (no quotes, backslashes or %); write e.g. daily or *-*-* 03:00:00"
         )
     return value
 

@@ -257,14 +257,16 @@ def test_slice_names_round_trip(tenant):
 @example("*-*-* 03:00:00 Europe/Berlin")
 @example("daily\\")
 @example("daily%i")
+@example("*-*-* 03:00:00")
+@example("@1395716396")
 def test_calendar_round_trips(value):
     try:
         rendered = units.calendar_value(value, "drift_timer_on_calendar")
     except UnitRenderError:
         assert (
             unquoted_refused(value)
-            or set(value) - set(string.ascii_letters + string.digits + " :*,./~_+-")
-            or not value[:1].isalnum()
+            or not value
+            or set(value) - set(string.ascii_letters + string.digits + " :*,./~_+@-")
         )
         return
     text = units.unit_document([], [("Timer", [("OnCalendar", rendered), ("Persistent", "true")])])
