@@ -8,8 +8,10 @@ that context (an independent predicate here), never be a blanket one.
 
 from __future__ import annotations
 
+import os
 import shutil
 import string
+import subprocess
 
 import plan_shapes
 import pytest
@@ -431,3 +433,85 @@ def test_the_hugepage_mount_unit_reads_back():
     entries = sd.parse_unit(hugepages.render_mount(mount))
     assert sd.path_value(one(entries, "Mount", "Where")) == "/dev/huge 100%"
     assert sd.lookup(entries, "Unit", "DefaultDependencies") == ["no"]
+
+
+# --- systemd's own verdict on rendered units with awkward values -----------------------------------
+
+
+def verify_findings(paths) -> list:
+    """Lines systemd-analyze verify prints about ``paths`` (it exits 0 even on Unknown key)."""
+    env = dict(os.environ, LC_ALL="C", SYSTEMD_LOG_COLOR="0", SYSTEMD_PAGER="")
+    proc = subprocess.run(
+        [SYSTEMD_ANALYZE, "verify", "--man=no", *map(str, paths)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    names = [path.name for path in paths]
+    lines = (proc.stdout + proc.stderr).splitlines()
+    found = [line for line in lines if any(name in line for name in names)]
+    return found + ([f"rc={proc.returncode}: {lines}"] if proc.returncode else [])
+
+
+AWKWARD_TEXT = "100% \"q\" 'q' a\\b é $HOME ${X} ; #x"
+AWKWARD_ARGV = ["/usr/bin/sleep", "a;b", ";", "$HOME", "%n", "tail\\", "", " spaced "]
+AWKWARD_ENV = {"A": "x y \\", "B": "%i $X", "C": "", "D": " 'q' \"q\" "}
+
+
+@pytest.mark.skipif(SYSTEMD_ANALYZE is None, reason="systemd-analyze is not installed")
+def test_awkward_values_pass_systemd_analyze_verify_and_read_back(tmp_path):
+    tenant = {
+        "name": "team a/β",
+        "slice": units.slice_name("team a/β"),
+        "description": AWKWARD_TEXT,
+        "cpus": [0],
+        "mems": [0],
+        "placements": ["llm"],
+        "memory_max_kb": None,
+    }
+    entry = plan_shapes.placement(
+        "llm",
+        description=AWKWARD_TEXT,
+        argv=AWKWARD_ARGV,
+        environment=AWKWARD_ENV,
+        user="llm_svc",
+        group="llm-svc",
+        slice=tenant["slice"],
+    )
+    files = units.render_files(make_plan(entry, tenants=[tenant]))
+    files[f"{UNIT_DIR}/{mig.UNIT_NAME}"] = mig.unit_text(
+        "/usr/local/lib/numafleet mig/boot 100%", "/etc/numafleet/mig state 100%.json", "# x"
+    )
+    paths = []
+    for path, text in files.items():
+        local = tmp_path / path.rsplit("/", 1)[1]
+        local.write_text(text, encoding="utf-8")
+        paths.append(local)
+    assert verify_findings(paths) == []
+
+    service = sd.parse_unit(files[f"{UNIT_DIR}/numafleet-llm.service"])
+    assert sd.description(one(service, "Unit", "Description")) == AWKWARD_TEXT
+    assert sd.exec_command(one(service, "Service", "ExecStart")) == ("", AWKWARD_ARGV)
+    env = {}
+    for raw in sd.lookup(service, "Service", "Environment"):
+        env.update(sd.environment(raw))
+    assert env == AWKWARD_ENV
+    assert sd.plain_value(one(service, "Service", "Slice")) == tenant["slice"]
+    slice_file = sd.parse_unit(files[f"{UNIT_DIR}/{tenant['slice']}"])
+    assert sd.description(one(slice_file, "Unit", "Description")) == AWKWARD_TEXT
+
+
+@pytest.mark.skipif(SYSTEMD_ANALYZE is None, reason="systemd-analyze is not installed")
+def test_systemd_analyze_is_silent_on_a_swallowed_line(tmp_path):
+    """Why the parser exists: verify says nothing when a trailing backslash eats Requires=."""
+    unit = tmp_path / "swallowed.service"
+    unit.write_text(
+        "[Unit]\nDescription=reranker \\\nRequires=nvidia-mps@GPU-1.service\n"
+        "[Service]\nExecStart=/usr/bin/sleep 1\n",
+        encoding="utf-8",
+    )
+    assert verify_findings([unit]) == []
+    entries = sd.parse_unit(unit.read_text(encoding="utf-8"))
+    assert sd.lookup(entries, "Unit", "Requires") == []
