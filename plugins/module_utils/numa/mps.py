@@ -249,7 +249,8 @@ def plan_daemons(plan: dict) -> tuple[list[Daemon], list[str]]:
 
 
 def _program(option: str, value: str) -> str:
-    path = check_path(check_host_path(option, value), option, program=True)
+    path = check_host_path(option, value)
+    check_path(value, option, program=True)  # as given: a trailing / names a directory
     if not _PROGRAM.match(path):
         raise UnitRenderError(
             f"{option}: {value!r} holds characters other than letters, digits and / . _ + -; "
