@@ -269,3 +269,23 @@ def test_systemd_analyze_refuses_what_the_parser_refuses(tmp_path, exec_start):
         sd.exec_command(exec_start)
     text = f"[Service]\nType=oneshot\nExecStart={exec_start}\n"
     assert verify_findings(tmp_path, "parser-refused.service", text) != []
+
+
+@pytest.mark.skipif(SYSTEMD_ANALYZE is None, reason="systemd-analyze is not installed")
+@pytest.mark.parametrize(
+    "lines",
+    [
+        ["Description=a\\\\"],
+        ["Description=a\\"],
+        ["Description=a\\\\\\"],
+        ["Description=a \\", "# a comment inside the continuation"],
+        ["Description=a \\", "; another"],
+        ["Description=a\\ b"],
+    ],
+)
+def test_continuations_agree_with_systemd(tmp_path, lines):
+    """systemd reports the unknown key exactly when the parser sees it as a line of its own."""
+    text = "\n".join(["[Unit]", *lines, "BogusKey=1", "[Service]", "ExecStart=/bin/true", ""])
+    own_line = ("Unit", "BogusKey", "1") in sd.parse_unit(text)
+    reported = any("BogusKey" in line for line in verify_findings(tmp_path, "cont.service", text))
+    assert own_line == reported
