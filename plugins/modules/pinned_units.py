@@ -27,9 +27,18 @@ description:
     systemd would otherwise merge with the vendor unit's own values.
   - Tenant slices set C(AllowedCPUs=) and C(AllowedMemoryNodes=) to the union of their
     placements, and C(MemoryMax=) when the tenant has a memory limit.
-  - Values are escaped for systemd (C(%) as C(%%), C($) as C($$) in C(ExecStart=), quotes and
-    backslashes in quoted words); a value with a control character, newlines included, fails the
-    module instead of being written.
+  - Every value is written so that systemd reads back exactly it, or the module fails naming the
+    field and the fix. C(ExecStart=) words and C(Environment=) assignments are double-quoted with
+    backslashes and C(") escaped and C(%) doubled (C($) too in C(ExecStart=)); unquoted values
+    (C(Description=), C(User=), C(Group=), unit and slice names) have C(%) doubled and may not
+    start or end with a space (systemd trims it) nor end in a backslash (systemd would join the
+    next line, losing its setting).
+  - Refused everywhere - control characters (tabs, newlines and NEL U+0085 included), line and
+    paragraph separators (U+2028, U+2029) and Unicode noncharacters. The program must be an
+    absolute normalised path (no C(.), C(..), C(//) or trailing C(/)) under 4096 bytes with
+    components of at most 255, or a plain file name, without quotes, backslashes, C($) or a
+    leading prefix character; C(User=)/C(Group=) take letters, digits and C(_ . -) (at most 31
+    characters, not starting with a digit, C(.) or C(-)) or a numeric id other than 65535.
   - The files written are recorded in the manifest O(manifest_path) (JSON). A file listed there
     that the plan no longer asks for is removed, and its C(.d) directory when that is left empty;
     other files in O(unit_dir) are never touched.

@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from system_helpers import REPO, ansible_playbook, tree_digest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+import systemd_syntax as sd
 
 ROLE = "numafleet.tuning.drift_timer : "
 UNIT_DIR = Path("etc/systemd/system")
@@ -39,6 +43,16 @@ RENDER_HOSTS = {
     "minimal": {
         "drift_timer_inventory": "/etc/ansible/hosts",
         "drift_timer_ansible_playbook": VENV_ANSIBLE_PLAYBOOK,
+        "drift_timer_enabled": False,
+    },
+    # Values systemd would unquote, expand or trim if written raw: they must read back exactly.
+    "quoting": {
+        "drift_timer_inventory": "/srv/my inventories/prod 100%",
+        "drift_timer_ansible_playbook": VENV_ANSIBLE_PLAYBOOK,
+        "drift_timer_extra_args": ["-e", "note=$HOME ${X} \"q\" 'q' %i \\", "-e", ";"],
+        "drift_timer_environment": {"NOTE": '100% $HOME "q" tail \\', "EMPTY": ""},
+        "drift_timer_working_dir": "/srv/my project",
+        "drift_timer_on_calendar": "*-*-* 03:00:00",
         "drift_timer_enabled": False,
     },
 }
@@ -221,7 +235,14 @@ def test_rendered_timer_and_service(rendered):
         '"NUMAFLEET_DRIFT_REPORT_DIR=/var/lib/numafleet/drift"',
         '"NUMAFLEET_DRIFT_REPORT_KEEP=7"',
     ]
-    exec_start = settings["ExecStart"].split(" ")
+    assert sd.environment(" ".join(v for k, v in pairs if k == "Environment")) == {
+        "ANSIBLE_CALLBACKS_ENABLED": "numafleet.tuning.drift_report",
+        "ANSIBLE_CONFIG": "/srv/ansible/ansible.cfg",
+        "NUMAFLEET_DRIFT_REPORT_DIR": "/var/lib/numafleet/drift",
+        "NUMAFLEET_DRIFT_REPORT_KEEP": "7",
+    }
+    prefixes, exec_start = sd.exec_command(settings["ExecStart"])
+    assert prefixes == ""
     assert exec_start[:5] == [
         "/usr/bin/flock",
         "--nonblock",
@@ -254,6 +275,34 @@ def test_rendered_timer_and_service(rendered):
     settings = dict(_unit((minimal / SERVICE).read_text(encoding="utf-8")))
     assert settings["WorkingDirectory"] == "/var/lib/numafleet/drift"
     assert '"NUMAFLEET_DRIFT_REPORT_KEEP=14"' in (minimal / SERVICE).read_text(encoding="utf-8")
+
+
+def test_values_read_back_exactly(rendered):
+    """Every value of the "quoting" host comes back from the units as written in the inventory."""
+    render, dummy = rendered
+    inputs = RENDER_HOSTS["quoting"]
+    service = sd.parse_unit((render / "quoting" / SERVICE).read_text(encoding="utf-8"))
+    timer = sd.parse_unit((render / "quoting" / TIMER).read_text(encoding="utf-8"))
+    (description,) = sd.lookup(service, "Unit", "Description")
+    assert sd.description(description) == (
+        f"numafleet.tuning drift check of {inputs['drift_timer_inventory']}"
+    )
+    (workdir,) = sd.lookup(service, "Service", "WorkingDirectory")
+    assert sd.path_value(workdir) == inputs["drift_timer_working_dir"]
+    environment = {}
+    for raw in sd.lookup(service, "Service", "Environment"):
+        environment.update(sd.environment(raw))
+    assert {k: environment[k] for k in inputs["drift_timer_environment"]} == (
+        inputs["drift_timer_environment"]
+    )
+    (exec_start,) = sd.lookup(service, "Service", "ExecStart")
+    dummy, argv = sd.exec_command(exec_start)
+    assert argv[5:8] == [VENV_ANSIBLE_PLAYBOOK, "-i", inputs["drift_timer_inventory"]]
+    assert argv[8:12] == inputs["drift_timer_extra_args"]
+    (calendar,) = sd.lookup(timer, "Timer", "OnCalendar")
+    assert sd.plain_value(calendar) == inputs["drift_timer_on_calendar"]
+    (timer_description,) = sd.lookup(timer, "Unit", "Description")
+    assert sd.description(timer_description) == "numafleet.tuning drift check (*-*-* 03:00:00)"
 
 
 def _base(render: Path, host: str) -> dict:
@@ -295,10 +344,35 @@ BAD_RENDER = {
         ['drift_timer_textfile_dir is "textfile"', "e.g. /var/lib/node_exporter/textfile"],
         "Check the path inputs",
     ),
-    "spaced-binary": (
-        {"drift_timer_ansible_playbook": "/opt/my venv/bin/ansible-playbook"},
-        ["drift_timer_ansible_playbook is", "no spaces"],
+    "directory-binary": (
+        {"drift_timer_ansible_playbook": "/opt/venv/bin/ansible-playbook/"},
+        ["drift_timer_ansible_playbook is", "is not normalised"],
         "Check the path inputs",
+    ),
+    "backslash-inventory": (
+        {"drift_timer_inventory": "/srv/inventory\\"},
+        ["drift_timer_inventory is", "ends in a backslash"],
+        "Check drift_timer_inventory",
+    ),
+    "nel-environment": (
+        {"drift_timer_environment": {"NOTE": "a\x85b"}},
+        ['drift_timer_environment has "NOTE"', "U+0085"],
+        "Check drift_timer_environment",
+    ),
+    "newline-key": (
+        {"drift_timer_environment": {"HF_HOME\n": "/x"}},
+        ["not an environment variable name"],
+        "Check drift_timer_environment",
+    ),
+    "numeric-user": (
+        {"drift_timer_user": "65535"},
+        ["host numeric-user: drift_timer_user is", "reserved"],
+        "Check drift_timer_user",
+    ),
+    "calendar-specifier": (
+        {"drift_timer_on_calendar": "daily %H"},
+        ["host calendar-specifier: drift_timer_on_calendar is", "no quotes, backslashes or %"],
+        "Check the calendar and time spans are single-line values",
     ),
     "keep-zero": (
         {"drift_timer_keep": 0},
@@ -315,9 +389,9 @@ BAD_RENDER = {
         ['drift_timer_environment has "NUMAFLEET_DRIFT_REPORT_DIR"', "use drift_timer_report_dir"],
         "Check drift_timer_environment",
     ),
-    "spaced-arg": (
-        {"drift_timer_extra_args": ["-e numafleet_drift_fail=false"]},
-        ["drift_timer_extra_args[0] is", "one word per item"],
+    "newline-arg": (
+        {"drift_timer_extra_args": ["-e", "x=1\nExecStartPost=/bin/sh"]},
+        ["drift_timer_extra_args[1] is", "U+000A"],
         "Check drift_timer_extra_args",
     ),
     "empty-render-root": (

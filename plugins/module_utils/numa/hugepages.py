@@ -20,10 +20,11 @@ import stat
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from .errors import NumaTuneError
+from .errors import NumaTuneError, UnitRenderError
 from .files import write_atomic
 from .sysfs import Reader
 from .units import FileChange, under_root
+from .units import escape_path as unit_path_value
 
 STATE_PATH = "/etc/numafleet/hugepages.json"
 PROGRAM_PATH = "/usr/local/libexec/numafleet-hugepages"
@@ -221,6 +222,11 @@ def parse_mounts(mounts, offered_sizes) -> tuple:
                 "refuses in a mount point: give the path without them"
             )
         normal = _simplify(path)
+        try:
+            # Where= and the Description= carry the path: it must read back exactly.
+            unit_path_value(normal, f"{where}.path")
+        except UnitRenderError as exc:
+            raise HugepageError(str(exc)) from None
         if normal in seen:
             raise HugepageError(
                 f"{where}.path {normal} is also mounts[{seen[normal]}].path; give each mount "
@@ -275,7 +281,7 @@ def render_mount(mount: Mount) -> str:
     options = f"pagesize={mount_pagesize(mount.size_kb)},mode={mount.mode}"
     if mount.group is not None:
         options += f",gid={mount.group}"
-    where = mount.path.replace("%", "%%")
+    where = unit_path_value(mount.path, "mounts path")
     return "\n".join(
         [
             HEADER,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 from .errors import MigBackendError, MigError
-from .units import escape_specifiers, quote_exec_arg
+from .units import check_path, escape_path, exec_line, header_lines, unit_document
 
 # Compute-instance profile ids by slice count: NVML_COMPUTE_INSTANCE_PROFILE_<N>_SLICE in nvml.h
 # (the same ids nvidia-smi mig -lcip prints). "Nc.<gi profile>" is a CI of N slices.
@@ -1265,24 +1265,26 @@ def mig_parted_text(outcome: Outcome, header: str) -> str:
 
 
 def unit_text(boot_program_path: str, state_path: str, header: str) -> str:
-    """numafleet-mig.service: a oneshot that re-creates the recorded layout at boot."""
-    program = quote_exec_arg(boot_program_path, "boot_program_path")
-    state = quote_exec_arg(state_path, "state_path")
-    return (
-        f"{header}\n"
-        "[Unit]\n"
-        "Description=Re-create the MIG layout recorded by numafleet.tuning\n"
-        "After=nvidia-persistenced.service\n"
-        "Before=multi-user.target\n"
-        f"ConditionPathExists={escape_specifiers(state_path, 'state_path')}\n"
-        "\n"
-        "[Service]\n"
-        "Type=oneshot\n"
-        "RemainAfterExit=yes\n"
-        f"ExecStart={PYTHON} {program} {state}\n"
-        "\n"
-        "[Install]\n"
-        "WantedBy=multi-user.target\n"
+    """numafleet-mig.service: a oneshot that re-creates the recorded layout at boot.
+
+    Raises UnitRenderError on a header line that is not a comment, or a path systemd would not
+    read back as given (units.check_path: absolute, normalised, within PATH_MAX/NAME_MAX).
+    """
+    check_path(boot_program_path, "boot_program_path")
+    unit = [
+        ("Description", "Re-create the MIG layout recorded by numafleet.tuning"),
+        ("After", "nvidia-persistenced.service"),
+        ("Before", "multi-user.target"),
+        ("ConditionPathExists", escape_path(state_path, "state_path")),
+    ]
+    service = [
+        ("Type", "oneshot"),
+        ("RemainAfterExit", "yes"),
+        ("ExecStart", exec_line([PYTHON, boot_program_path, state_path], "boot_program_path")),
+    ]
+    return unit_document(
+        header_lines(header),
+        [("Unit", unit), ("Service", service), ("Install", [("WantedBy", "multi-user.target")])],
     )
 
 

@@ -33,6 +33,7 @@ from .mig import (
     parse_request,
     recorded_parted_path,
     smi_command,
+    unit_text,
 )
 from .units import check_host_path, plan_changes, read_files, write_files
 
@@ -489,6 +490,8 @@ def run(params: dict, check_mode: bool, runner, which, load_nvml) -> dict:
     state_path = check_host_path("state_path", params["state_path"])
     program_path = check_host_path("boot_program_path", params["boot_program_path"])
     unit_dir = check_host_path("unit_dir", params["unit_dir"])
+    # The boot unit carries both paths: refuse what it cannot, before any GPU is changed.
+    unit_text(program_path, state_path, "#")
     parted = params.get("mig_parted_config") or None
     if parted:
         parted = check_host_path("mig_parted_config", parted)

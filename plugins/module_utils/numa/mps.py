@@ -25,7 +25,9 @@ from .units import (
     DROPIN_NAME,
     Actions,
     FileChange,
+    account_name,
     check_host_path,
+    check_path,
     escape_specifiers,
     header_lines,
     is_dropin,
@@ -143,7 +145,7 @@ def _account(entry: dict, key: str, where: str) -> Optional[str]:
             f"{where}.{key}: {value!r} is not a user or group name systemd takes; use the "
             "clients' account name (letters, digits, _ . -), or leave it unset for root"
         )
-    return value
+    return value if value is None else account_name(value, f"{where}.{key}")
 
 
 def _daemon(entry: dict, where: str) -> Daemon:
@@ -248,6 +250,7 @@ def plan_daemons(plan: dict) -> tuple[list[Daemon], list[str]]:
 
 def _program(option: str, value: str) -> str:
     path = check_host_path(option, value)
+    check_path(value, option, program=True)  # as given: a trailing / names a directory
     if not _PROGRAM.match(path):
         raise UnitRenderError(
             f"{option}: {value!r} holds characters other than letters, digits and / . _ + -; "

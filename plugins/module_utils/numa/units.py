@@ -71,38 +71,208 @@ _UNIT_NAME_MAX = 255
 
 
 # --- escaping ----------------------------------------------------------------------------------
+#
+# One function per unit-file context. Each returns text that systemd parses back to exactly the
+# value given (systemd.syntax(7), systemd.unit(5) SPECIFIERS, systemd.service(5) COMMAND LINES),
+# or raises UnitRenderError naming the value and the fix. tests/unit/systemd_syntax.py is the
+# reader the round-trip tests use.
+#
+#   context                          function            systemd reads it as
+#   free text (Description=), paths  escape_specifiers   %-specifiers only
+#     only expanded for specifiers
+#   Environment=                     quote_environment   quoted words, C escapes, then specifiers
+#   ExecStart= argument              quote_exec_arg      specifiers, quoted words, C escapes, $
+#   ExecStart= program               program_path        as above, but no quotes/escapes/$ taken
+#   path settings                    escape_path         specifiers; absolute, normalised
+#   User=/Group=                     account_name        specifiers; systemd's user name rules
+#   unit and slice names             check_unit_name,    unit_name_is_valid()
+#                                    slice_name
+#   OnCalendar=, time spans          calendar_value,     parsed by systemd-analyze calendar/
+#                                    timespan_value      timespan syntax; no quoting at all
+#
+# Rules every context shares (check_text, check_line): no control character (Unicode Cc, which
+# includes TAB, LF, CR and NEL U+0085), no line or paragraph separator (U+2028, U+2029), no
+# surrogate and no Unicode noncharacter (systemd drops such a line as "not UTF-8 clean"); a value
+# written unquoted may not start or end with whitespace (systemd trims it) nor end in a backslash
+# (systemd joins the next line to it); no line over LONG_LINE_MAX bytes.
+
+# systemd's WHITESPACE: trimmed around keys and values, and separating words.
+WHITESPACE = " \t\n\r"
+# read_line() refuses longer lines (systemd's LONG_LINE_MAX, 1 MiB).
+LONG_LINE_MAX = 1024 * 1024
+# Linux PATH_MAX (a path is shorter) and NAME_MAX (per component), as systemd's path_is_valid().
+PATH_MAX = 4096
+NAME_MAX = 255
+_ACCOUNT = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*\$?\Z")
+_ACCOUNT_MAX = 31  # systemd's strict rule: UT_NAMESIZE - 1
+_CALENDAR = re.compile(r"[A-Za-z0-9 :*,./~_+@-]+\Z")
+_TIMESPAN = re.compile(r"[0-9][A-Za-z0-9 .]*\Z|infinity\Z")
+
+
+_KINDS = {
+    "Cc": "control character",
+    "Cs": "surrogate",
+    "Zl": "line separator",
+    "Zp": "paragraph separator",
+}
+
+
+def _bad_char(char: str) -> bool:
+    code = ord(char)
+    return (
+        unicodedata.category(char) in ("Cc", "Cs", "Zl", "Zp")
+        or 0xFDD0 <= code <= 0xFDEF
+        or (code & 0xFFFE) == 0xFFFE
+    )
 
 
 def check_text(value: str, what: str) -> str:
-    """``value`` unchanged; raises UnitRenderError naming ``what`` when it has a control character."""
+    """``value`` unchanged; raises UnitRenderError naming ``what`` on a character units cannot hold.
+
+    Refused: control characters (Unicode Cc: TAB, LF, CR, NEL U+0085 ...), line and paragraph
+    separators (U+2028, U+2029), surrogates and noncharacters (U+FDD0-U+FDEF, U+xFFFE, U+xFFFF).
+    """
+    if not isinstance(value, str):
+        raise UnitRenderError(f"{what}: {value!r} is not a string; {_REPLAN}")
     for char in value:
-        if unicodedata.category(char) == "Cc":
+        if _bad_char(char):
+            kind = _KINDS.get(unicodedata.category(char), "noncharacter")
             raise UnitRenderError(
-                f"{what}: {value!r} holds the control character U+{ord(char):04X}; systemd unit "
-                "files are line based, so remove it from the host_vars (newlines and tabs included)"
+                f"{what}: {value!r} holds the {kind} U+{ord(char):04X}, which a systemd unit "
+                "file cannot carry (control characters, line or paragraph separators and "
+                "noncharacters): remove it from the host_vars (newlines and tabs included)"
             )
     return value
 
 
+def _ends_escaped(text: str) -> bool:
+    """Whether systemd pairs every backslash of ``text`` left to right and one is left at the end."""
+    escaped = False
+    for char in text:
+        escaped = False if escaped else char == "\\"
+    return escaped
+
+
+def check_line(value: str, what: str) -> str:
+    """``value`` unchanged when systemd reads it back as written on an unquoted line.
+
+    Raises UnitRenderError on check_text's characters, on leading or trailing whitespace (systemd
+    trims it), on a trailing backslash (systemd joins the next line to it, which then loses its own
+    setting) and on a value over LONG_LINE_MAX bytes.
+    """
+    check_text(value, what)
+    if value != value.strip(WHITESPACE):
+        raise UnitRenderError(
+            f"{what}: {value!r} starts or ends with a space, which systemd trims off; remove it"
+        )
+    if value.endswith("\\"):
+        raise UnitRenderError(
+            f"{what}: {value!r} ends in a backslash, which systemd reads as a line continuation "
+            "(the next setting of the unit would be lost); remove the backslash"
+        )
+    if len(value.encode("utf-8")) >= LONG_LINE_MAX - 64:
+        raise UnitRenderError(
+            f"{what}: the value is {len(value)} characters long; systemd reads unit lines of at "
+            f"most {LONG_LINE_MAX} bytes: shorten it"
+        )
+    return value
+
+
 def escape_specifiers(value: str, what: str) -> str:
-    """``value`` with ``%`` doubled (systemd specifiers); raises UnitRenderError on control characters."""
-    return check_text(value, what).replace("%", "%%")
+    """A value of a setting that expands specifiers only (Description=, ConditionPathExists=...).
+
+    ``%`` -> ``%%``; raises UnitRenderError as check_line does.
+    """
+    return check_line(value, what).replace("%", "%%")
+
+
+def check_path(value: str, what: str, program: bool = False) -> str:
+    """``value`` when systemd takes it as is for a path: absolute, normalised, within limits.
+
+    Normalised means no ``.``/``..`` component, no ``//`` and no trailing ``/``; limits: under
+    PATH_MAX bytes, components of at most NAME_MAX bytes. ``program``: the program of an
+    ExecStart= line, which may also be a plain file name. Raises UnitRenderError.
+    """
+    check_text(value, what)
+    kind = "program" if program else "path"
+    example = "/opt/llm/bin/serve" if program else "/var/lib/numafleet"
+    if not value.startswith("/") and not (program and value and "/" not in value):
+        raise UnitRenderError(
+            f"{what}: the {kind} {value!r} is not an absolute path; write e.g. {example}"
+        )
+    parts = value.split("/")[1:] if value.startswith("/") else [value]
+    if (value != "/" or program) and (
+        any(part in ("", ".", "..") for part in parts) or value.endswith("/")
+    ):
+        raise UnitRenderError(
+            f"{what}: the {kind} {value!r} is not normalised (no '.', '..', '//' or trailing "
+            f"'/'; systemd refuses or rewrites it); write it plainly, e.g. {example}"
+        )
+    size = len(value.encode("utf-8"))
+    longest = max(len(part.encode("utf-8")) for part in parts)
+    if size >= PATH_MAX or longest > NAME_MAX:
+        raise UnitRenderError(
+            f"{what}: the {kind} is {size} bytes long with a component of {longest}; systemd "
+            f"takes paths under {PATH_MAX} bytes with components of at most {NAME_MAX}: "
+            "shorten it (a symlink with a short path works)"
+        )
+    return value
+
+
+def escape_path(value: str, what: str) -> str:
+    """A path setting (WorkingDirectory=, Where=, ...): check_path, then escape_specifiers."""
+    return escape_specifiers(check_path(value, what), what)
 
 
 def quote_exec_arg(arg: str, what: str) -> str:
     """One ExecStart= word: double-quoted, ``\\``/``"`` escaped, ``%`` -> ``%%``, ``$`` -> ``$$``.
 
-    Raises UnitRenderError on control characters.
+    Any string without check_text's characters round-trips (empty, spaces, quotes, a trailing
+    backslash, ``;``). Raises UnitRenderError on those characters.
     """
     check_text(arg, what)
     body = arg.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("$", "$$")
     return f'"{body}"'
 
 
+def program_path(program: str, what: str) -> str:
+    """The program of an ExecStart= line (the first word), quoted like quote_exec_arg.
+
+    An absolute normalised path (check_path) or a plain file name; raises UnitRenderError on a
+    program starting with an ExecStart= prefix (one of - @ : + ! |) or holding a backslash, a
+    quote or ``$``, which systemd does not take or not expand in the program path.
+    """
+    check_text(program, what)
+    if not program or program[0] in _EXEC_PREFIXES or ("/" in program and program[0] != "/"):
+        raise UnitRenderError(
+            f"{what}: the program {program!r} must be an absolute path or a plain program "
+            "name, not starting with one of - @ : + ! |; write e.g. /opt/llm/bin/serve"
+        )
+    special = sorted(set(program) & set(_PROGRAM_SPECIAL))
+    if special:
+        raise UnitRenderError(
+            f"{what}: the program {program!r} holds {' '.join(special)}, which systemd "
+            "does not take in the program path of ExecStart=; run it through a wrapper script "
+            "or a symlink with a plain path"
+        )
+    check_path(program, what, program=True)
+    return quote_exec_arg(program, what)
+
+
+def exec_line(argv: list, what: str) -> str:
+    """An ExecStart= value running ``argv`` (program_path, then quote_exec_arg per argument)."""
+    if not isinstance(argv, (list, tuple)) or not argv:
+        raise UnitRenderError(f"{what}: {argv!r} is not a non-empty list of strings; {_REPLAN}")
+    words = [program_path(argv[0], what)]
+    words.extend(quote_exec_arg(arg, what) for arg in argv[1:])
+    return " ".join(words)
+
+
 def quote_environment(key: str, value: str, what: str) -> str:
     """An Environment= assignment ``"K=V"`` with ``\\``/``"`` escaped and ``%`` -> ``%%``.
 
-    Raises UnitRenderError on a key that is not a variable name or on control characters.
+    ``$`` stays: systemd does not expand it in Environment=. Raises UnitRenderError on a key that
+    is not a variable name, a value that is not a string, or check_text's characters.
     """
     if not isinstance(key, str) or not _ENV_KEY.match(key):
         raise UnitRenderError(
@@ -114,6 +284,63 @@ def quote_environment(key: str, value: str, what: str) -> str:
     check_text(value, f"{what}.{key}")
     body = f"{key}={value}".replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
     return f'"{body}"'
+
+
+def account_name(value: str, what: str) -> str:
+    """A User=/Group= value: a name of letters, digits, ``_ . -`` (not starting with a digit,
+    ``.`` or ``-``; an optional final ``$``) of at most 31 characters, or a numeric id below
+    4294967295 other than 65535. Raises UnitRenderError on anything else, which systemd refuses
+    or reads as something else (``:``, ``/``, spaces, specifiers, control characters).
+    """
+    check_text(value, what)
+    if value.isascii() and value.isdigit():
+        if int(value) >= 0xFFFFFFFF or int(value) == 0xFFFF:
+            raise UnitRenderError(
+                f"{what}: {value} is not a user or group id systemd takes (65535 and "
+                "4294967295 and above are reserved); give an account name or another id"
+            )
+        return value
+    if not _ACCOUNT.match(value) or len(value) > _ACCOUNT_MAX:
+        raise UnitRenderError(
+            f"{what}: {value!r} is not a user or group name systemd takes; use the account's "
+            f"name (letters, digits and _ . -, not starting with a digit, . or -, at most "
+            f"{_ACCOUNT_MAX} characters) or its numeric id"
+        )
+    return value
+
+
+def calendar_value(value: str, what: str) -> str:
+    """An OnCalendar= value as written (letters, digits, spaces and ``:*,./~_+@-``).
+
+    systemd-analyze calendar judges the syntax itself; this only keeps out what a unit line
+    would change (quotes, backslashes, ``%``, control characters, outer spaces). Raises
+    UnitRenderError.
+    """
+    check_line(value if isinstance(value, str) else str(value), what)
+    if not _CALENDAR.match(value):
+        raise UnitRenderError(
+            f"{what}: {value!r} is not a calendar expression of letters, digits, spaces and "
+            ":*,./~_+@- (no quotes, backslashes or %); write e.g. daily or *-*-* 03:00:00"
+        )
+    return value
+
+
+def timespan_value(value, what: str) -> str:
+    """A time span setting (RandomizedDelaySec=, TimeoutStartSec=) as written, e.g. ``15min``.
+
+    A number, or a number followed by units and more numbers and units (digits, letters, spaces
+    and ``.``), or ``infinity``. Raises UnitRenderError.
+    """
+    text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+    if not isinstance(text, str):
+        raise UnitRenderError(f"{what}: {value!r} is not a time span; write e.g. 15min or 2h")
+    check_line(text, what)
+    if not _TIMESPAN.match(text):
+        raise UnitRenderError(
+            f"{what}: {text!r} is not a time span of digits, units and spaces; write e.g. "
+            "15min, 2h 30min or infinity"
+        )
+    return text
 
 
 def systemd_escape(text: str) -> str:
@@ -136,8 +363,17 @@ def systemd_escape(text: str) -> str:
 
 
 def slice_name(tenant: str) -> str:
-    """The slice unit of a tenant, ``numafleet-<escaped tenant>.slice``; raises UnitRenderError."""
-    return f"numafleet-{systemd_escape(tenant)}.slice"
+    """The slice unit of a tenant, ``numafleet-<escaped tenant>.slice``; raises UnitRenderError.
+
+    Refused: an empty name, and one whose escaped slice name is over 255 characters.
+    """
+    name = f"numafleet-{systemd_escape(tenant)}.slice"
+    if len(name) > _UNIT_NAME_MAX:
+        raise UnitRenderError(
+            f"tenant {tenant!r}: its slice name {name} is {len(name)} characters long, over "
+            f"systemd's {_UNIT_NAME_MAX}; give the tenant a shorter name"
+        )
+    return name
 
 
 # --- plan access -------------------------------------------------------------------------------
@@ -224,6 +460,10 @@ def unit_document(header: list[str], sections: list[tuple[str, list[tuple[str, s
     """A unit file: header lines, then each non-empty [section] with its key=value lines."""
     blocks = ["\n".join(header)] if header else []
     for name, entries in sections:
+        for key, value in entries:
+            # The last guard of every context: a value that systemd would trim, or that would
+            # join the next line to its own, never reaches the file.
+            check_line(value, f"[{name}] {key}=")
         if entries:
             blocks.append("\n".join([f"[{name}]"] + [f"{key}={value}" for key, value in entries]))
     return "\n\n".join(blocks) + "\n"
@@ -326,21 +566,7 @@ def _exec_start(placement: dict, where: str) -> str:
         raise UnitRenderError(
             f"{where}.argv is {argv!r}, not a non-empty list of strings; {_REPLAN}"
         )
-    program = argv[0]
-    check_text(program, f"{where}.exec")
-    if not program or program[0] in _EXEC_PREFIXES or ("/" in program and program[0] != "/"):
-        raise UnitRenderError(
-            f"{where}.exec: the program {program!r} must be an absolute path or a plain program "
-            "name, not starting with one of - @ : + ! |; write e.g. /opt/llm/bin/serve"
-        )
-    special = sorted(set(program) & set(_PROGRAM_SPECIAL))
-    if special:
-        raise UnitRenderError(
-            f"{where}.exec: the program {program!r} holds {' '.join(special)}, which systemd "
-            "does not take in the program path of ExecStart=; run it through a wrapper script "
-            "or a symlink with a plain path"
-        )
-    return " ".join(quote_exec_arg(arg, f"{where}.exec") for arg in argv)
+    return exec_line(argv, f"{where}.exec")
 
 
 def _render_service(
@@ -353,7 +579,7 @@ def _render_service(
     for key in ("user", "group"):
         value = _get(placement, key, (str,), where, required=False)
         if value:
-            service.append((key.capitalize(), escape_specifiers(value, f"{where}.{key}")))
+            service.append((key.capitalize(), account_name(value, f"{where}.{key}")))
     service.extend(pinning)
     service.append(("Restart", "on-failure"))
     if hardening:

@@ -831,7 +831,11 @@ def test_parse_mounts_normalizes_defaults_and_sorts():
         ([{"path": "/dev/hp", "size_kb": M2, "mode": "777x"}], "mounts[0].mode is '777x'; give"),
         ([{"path": "/dev/hp", "size_kb": M2, "mode": 1770}], "mounts[0].mode is 1770; give the"),
         ([{"path": "/dev/hp", "size_kb": M2, "group": "a,b"}], "mounts[0].group is 'a,b'; give a"),
-        ([{"path": "/" + "x" * 300, "size_kb": M2}], "is longer than 255 characters"),
+        ([{"path": "/x" + "/x" * 130, "size_kb": M2}], "is longer than 255 characters"),
+        ([{"path": "/" + "x" * 300, "size_kb": M2}], "with a component of 300"),
+        ([{"path": "/dev/hp\\", "size_kb": M2}], "ends in a backslash"),
+        ([{"path": "/dev/hp ", "size_kb": M2}], "ends with a space"),
+        ([{"path": "/dev/hp\u2028x", "size_kb": M2}], "U+2028"),
     ],
 )
 def test_parse_mounts_refuses_bad_entries(mounts, fragment):

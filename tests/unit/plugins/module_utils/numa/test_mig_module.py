@@ -18,7 +18,10 @@ from pathlib import Path
 import pytest
 
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa import mig, mig_nvml, mig_smi
-from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import MigError
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import (
+    MigError,
+    NumaTuneError,
+)
 
 SMI_DIR = Path(__file__).resolve().parents[3] / "fixtures" / "cmd" / "nvidia-smi"
 SEPARATOR = "# ---- command output below this line"
@@ -514,3 +517,22 @@ def test_the_planned_uuid_matches_in_any_case(tmp_path):
 def test_a_malformed_uuid_is_refused(uuid):
     with pytest.raises(MigError, match=r"gpus\[0\]\.uuid: .* is not a GPU UUID"):
         mig.parse_request([{"gpu": ADDR, "uuid": uuid}])
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "fragment"),
+    [
+        ("state_path", "/etc/numafleet/mig.json ", "ends with a space"),
+        ("state_path", "/etc/numafleet/mig\\", "ends in a backslash"),
+        ("boot_program_path", "/usr/local/libexec/" + "m" * 256, "component of 256"),
+        ("boot_program_path", "/usr/local/libexec/mig\u2028", "U+2028"),
+    ],
+)
+def test_paths_the_boot_unit_cannot_carry_are_refused_before_any_write(
+    tmp_path, option, value, fragment
+):
+    sim = SimSmi()
+    with pytest.raises(NumaTuneError, match=re.escape(fragment)):
+        run(sim, params(tmp_path, REPLACE_GI_3, **{option: value}))
+    assert sim.writes() == []
+    assert not (tmp_path / "root").exists()

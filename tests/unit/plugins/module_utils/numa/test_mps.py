@@ -222,6 +222,9 @@ def test_a_daemon_planned_twice_is_refused():
         ({"control": "/opt/my dir/ctl"}, "holds characters other than"),
         ({"nvidia_smi": "/usr/bin/nvidia-smi'"}, "nvidia_smi:"),
         ({"header": "not a comment"}, "is not a comment"),
+        ({"control": "/usr/bin/nvidia-cuda-mps-control/"}, "is not normalised"),
+        ({"nvidia_smi": "/usr//bin/nvidia-smi"}, "is not normalised"),
+        ({"nvidia_smi": "/opt/" + "n" * 256}, "component of 256"),
     ],
 )
 def test_bad_options_are_refused(kwargs, fragment):
@@ -480,3 +483,16 @@ def test_verify_check_catches_a_bad_file(tmp_path, target):
     )
     path.write_text(path.read_text() + "BogusKey=1\n")
     assert _verify_findings(unit_dir, [f"nvidia-mps@{GPU}.service"]) != []
+
+
+@pytest.mark.parametrize(
+    ("user", "fragment"),
+    [
+        ("65535", "not a user or group name"),
+        ("a" * 32, "at most 31 characters"),
+        ("tei\n", "not a user or group name"),
+    ],
+)
+def test_accounts_systemd_refuses_are_refused(user, fragment):
+    with pytest.raises(UnitRenderError, match=fragment):
+        mps.plan_daemons(make_plan(daemon_entry(user=user)))
