@@ -101,9 +101,9 @@ def _root(value) -> str:
         raise _Bad(f"root is {_show(value)}; give / (the host itself) or an absolute directory")
     units.check_text(value, "root")
     _expanded("root", value)
+    # A root with .. components is fine (inventories name render roots relative to their own
+    # directory, {{ inventory_dir }}/../...): it is a directory of the host, never a unit value.
     parts = value.split("/")
-    if any(part in (".", "..") for part in parts):
-        raise _Bad(f"root is {_show(value)}; give the directory without . or .. components")
     if len(value.encode("utf-8")) >= PATH_MAX or any(
         len(part.encode("utf-8")) > NAME_MAX for part in parts
     ):

@@ -62,7 +62,6 @@ def test_good_arguments_pass(module):
             "host h1: hugepages_render_root (set from numafleet_render_root by site.yml and "
             'drift_check.yml): root is "/srv/$USER/render"; the module\'s path options expand',
         ),
-        ("numa_hugepages", {"root": "/srv/../etc"}, "without . or .. components"),
         ("numa_hugepages", {"root": "/srv/" + "x" * 300}, "each of its names at most 255 bytes"),
         (
             "numa_kernel",
@@ -128,6 +127,11 @@ def test_every_bad_option_has_its_own_message():
 def test_a_shape_the_core_does_not_expect_is_a_message_not_a_traceback():
     problems = _module_inputs.problems("nvidia_mig", {"gpus": [{"gpu": 5, "layout": 3}]}, HOST)
     assert problems and all(p.startswith("host h1: nvidia_mig_plan") for p in problems)
+
+
+def test_a_render_root_relative_to_the_inventory_passes():
+    args = {**GOOD["numa_hugepages"], "root": "/srv/inventories/demo/../../.demo/h1/root"}
+    assert _module_inputs.problems("numa_hugepages", args, HOST, NUMA) == []
 
 
 def test_without_facts_the_mount_size_is_left_to_the_module():
