@@ -293,7 +293,9 @@ FIELDS = (
     Field(
         "render_root",
         "numafleet_render_root",
-        _path("numafleet_render_root"),
+        # Deep enough that ../../ stays below a directory that does not exist: whether the host
+        # has a file where the render root points is the host's state, not the value's.
+        lambda h, v: h.update(numafleet_render_root="/nonexistent/numafleet/render/" + v),
     ),
     Field(
         "pinned_services_unit_dir",
@@ -423,6 +425,16 @@ def controller_pass(env: Env, hostvars: dict) -> tuple:
 _SIZES = {"2M": 2048, "1G": 1048576}
 
 
+def _size_kb(size):
+    """The role's size_names lookup (2M -> 2048), any other value as it is."""
+    return _SIZES.get(size, size) if isinstance(size, str) else size
+
+
+def _int(value) -> int:
+    """Jinja's int filter on a string or a bool (True -> 1)."""
+    return int(value) if isinstance(value, bool) else int(str(value))
+
+
 def module_args(env: Env, hostvars: dict, plan: dict) -> dict:
     """The arguments each apply role passes its module (roles/*/vars/main.yml, tasks/apply.yml)."""
     render = var(hostvars, "numafleet_render_root")
@@ -434,7 +446,7 @@ def module_args(env: Env, hostvars: dict, plan: dict) -> dict:
     ]
     mounts = []
     for mount in var(hostvars, "numafleet_hugepages_mounts"):
-        entry = {"path": mount["path"], "size_kb": _SIZES.get(mount["size"], mount["size"])}
+        entry = {"path": mount["path"], "size_kb": _size_kb(mount["size"])}
         for key in ("mode", "group"):
             if mount.get(key) is not None:
                 entry[key] = str(mount[key])
@@ -442,10 +454,10 @@ def module_args(env: Env, hostvars: dict, plan: dict) -> dict:
     numa = env.facts["numa"]
 
     def knob(name, convert=str):
-        value = str(var(hostvars, name))
-        return None if value == "leave" else convert(value)
+        value = var(hostvars, name)
+        return None if str(value) == "leave" else convert(value)
 
-    balancing = str(var(hostvars, "numafleet_numa_balancing"))
+    balancing = var(hostvars, "numafleet_numa_balancing")
     banned = str(var(hostvars, "numafleet_irqbalance_banned"))
     auto_banned = ",".join(str(c) for c in numa["cpus"]["isolated"] + numa["cpus"]["nohz_full"])
     thp = {
@@ -456,7 +468,7 @@ def module_args(env: Env, hostvars: dict, plan: dict) -> dict:
         "numa_hugepages": {
             "pools": pools,
             "boot_reserve_sizes_kb": [
-                _SIZES.get(s, s) for s in var(hostvars, "numafleet_hugepages_boot_reserve")
+                _size_kb(s) for s in var(hostvars, "numafleet_hugepages_boot_reserve")
             ],
             "bootloader": var(hostvars, "numafleet_hugepages_bootloader"),
             "mounts": mounts,
@@ -464,9 +476,11 @@ def module_args(env: Env, hostvars: dict, plan: dict) -> dict:
         },
         "numa_kernel": {
             "numa_balancing": None
-            if balancing == "leave"
-            else ((0 if plan["placements"] else None) if balancing == "auto" else int(balancing)),
-            "zone_reclaim_mode": knob("numafleet_zone_reclaim_mode", int),
+            if str(balancing) == "leave"
+            else (
+                (0 if plan["placements"] else None) if str(balancing) == "auto" else _int(balancing)
+            ),
+            "zone_reclaim_mode": knob("numafleet_zone_reclaim_mode", _int),
             **thp,
             "numad": var(hostvars, "numafleet_numad"),
             "irqbalance_banned_cpus": None
@@ -575,6 +589,18 @@ class Outcome:
     detail: str = ""
 
 
+# Values of the wrong type: refused or accepted, never a traceback (run without the round trip).
+TYPE_PAYLOADS = {
+    "int": 5,
+    "negative": -1,
+    "float": 1.5,
+    "bool": True,
+    "null": None,
+    "list": ["a"],
+    "dict": {"a": 1},
+}
+
+
 def run_case(env: Env, field: Field, payload_name: str) -> Outcome:
     """The outcome of ``field`` set to the payload ``payload_name`` in a copy of BASE."""
     import unicodedata
@@ -582,7 +608,13 @@ def run_case(env: Env, field: Field, payload_name: str) -> Outcome:
     import roundtrip
 
     hostvars = copy.deepcopy(BASE)
-    field.apply(hostvars, PAYLOADS[payload_name])
+    if payload_name in TYPE_PAYLOADS:
+        try:
+            field.apply(hostvars, TYPE_PAYLOADS[payload_name])
+        except TypeError:  # a field built from a string ("/srv/" + value): not applicable
+            return Outcome(field.id, payload_name, "rejected", "not applicable")
+    else:
+        field.apply(hostvars, PAYLOADS[payload_name])
     msg, dummy, modules = controller_pass(env, hostvars)
     if msg is not None:
         named = msg.startswith(f"host {HOST}: ") and field.variable in msg
@@ -593,7 +625,7 @@ def run_case(env: Env, field: Field, payload_name: str) -> Outcome:
     results, refused = later_layers(env, modules)
     if refused:
         return Outcome(field.id, payload_name, "late", refused[0][:300])
-    if field.check is None:
+    if field.check is None or payload_name in TYPE_PAYLOADS:
         return Outcome(field.id, payload_name, "accepted")
     files = rendered(results)
     try:

@@ -85,6 +85,14 @@ def test_control_payloads_are_refused_in_every_field(matrix, payload):
     assert set(kinds.values()) == {"rejected"}, kinds
 
 
+@pytest.mark.parametrize("payload", sorted(injection.TYPE_PAYLOADS))
+def test_values_of_the_wrong_type_never_end_in_a_traceback(matrix_env, payload):
+    """A number, list, mapping, bool or null where a string goes: refused or taken, no crash."""
+    outcomes = [injection.run_case(matrix_env, field, payload) for field in injection.FIELDS]
+    bad = [o for o in outcomes if o.kind not in ("rejected", "accepted")]
+    assert bad == [], "\n".join(f"{o.field}: {o.kind} {o.detail}" for o in bad)
+
+
 def _schema_strings() -> set:
     """Every string-valued host variable and key of the schema, as the matrix names them."""
     names = set()

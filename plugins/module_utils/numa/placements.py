@@ -608,6 +608,8 @@ def _placement(host: str, index: int, entry, tenants: set) -> Placement:
     if not _PLACEMENT_KEY_SET.issuperset(entry):
         _check_keys(host, where, entry, PLACEMENT_KEYS)
     tenant = entry.get("tenant")
+    if tenant is not None and not isinstance(tenant, str):
+        raise _fail(host, f"{where}.tenant: {tenant!r} is not a string; write a tenant's name")
     if tenant is not None and tenant not in tenants:
         known = ", ".join(sorted(tenants)) or "none defined"
         raise _fail(

@@ -477,6 +477,11 @@ BAD_PLACEMENTS = [
         f"{P0}.description contains a control character",
     ),
     (
+        "tenant not a string",
+        placement(tenant=["team-a"]),
+        f"{P0}.tenant: ['team-a'] is not a string; write a tenant's name",
+    ),
+    (
         "description NEL",
         placement(description="chat\x85model"),
         f"{P0}.description contains a control character or newline (a NEL (U+0085) at "
