@@ -525,6 +525,8 @@ def run_module(name: str, args: dict) -> dict:
             module.main()
         except SystemExit:
             pass
+        except Exception as exc:  # a module's traceback (a late failure) is what a case may find
+            return {"failed": True, "msg": f"Traceback: {exc!r}"}
     return json.loads(out.getvalue())
 
 
@@ -615,7 +617,10 @@ def run_case(env: Env, field: Field, payload_name: str) -> Outcome:
             return Outcome(field.id, payload_name, "rejected", "not applicable")
     else:
         field.apply(hostvars, PAYLOADS[payload_name])
-    msg, dummy, modules = controller_pass(env, hostvars)
+    try:
+        msg, dummy, modules = controller_pass(env, hostvars)
+    except Exception as exc:  # a traceback on the controller is what a case may find
+        return Outcome(field.id, payload_name, "unnamed", f"Traceback: {exc!r}")
     if msg is not None:
         named = msg.startswith(f"host {HOST}: ") and field.variable in msg
         raw = any(unicodedata.category(char) in _RAW for char in msg)
