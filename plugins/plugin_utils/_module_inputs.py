@@ -103,15 +103,20 @@ def _root(value) -> str:
     _expanded("root", value)
     # A root with .. components is fine (inventories name render roots relative to their own
     # directory, {{ inventory_dir }}/../...): it is a directory of the host, never a unit value.
-    parts = value.split("/")
-    if len(value.encode("utf-8")) >= PATH_MAX or any(
-        len(part.encode("utf-8")) > NAME_MAX for part in parts
-    ):
+    return _fits("root", value)
+
+
+def _fits(option: str, path: str) -> str:
+    """path; raises _Bad when Linux cannot create it (PATH_MAX, NAME_MAX: ENAMETOOLONG)."""
+    size = len(path.encode("utf-8", "surrogatepass"))
+    longest = max(len(part.encode("utf-8", "surrogatepass")) for part in path.split("/"))
+    if size >= PATH_MAX or longest > NAME_MAX:
+        shown = _show(path if size <= 80 else path[:60] + "...")
         raise _Bad(
-            f"root is {_show(value)[:80]}...; a path is below {PATH_MAX} bytes, each of its "
-            f"names at most {NAME_MAX} bytes: give a shorter directory"
+            f"{option}: {shown} is a path of {size} bytes with a name of {longest}; Linux takes "
+            f"paths below {PATH_MAX} bytes with names of at most {NAME_MAX}: give a shorter one"
         )
-    return value
+    return path
 
 
 def _text(value, what: str) -> str:
@@ -158,6 +163,7 @@ def _mig_checks(args: dict) -> list:
         parted = args.get("mig_parted_config") or None
         if parted is not None:
             parted = units.check_host_path("mig_parted_config", _text(parted, "mig_parted_config"))
+            _fits("mig_parted_config", parted)
         empty = mig.Outcome((), (), (), (), (), ())
         mig.desired_files(
             empty,
@@ -181,13 +187,15 @@ def _mps_checks(args: dict) -> list:
         unit_dir = units.check_host_path(
             "unit_dir", _option(args, "unit_dir", units.DEFAULT_UNIT_DIR)
         )
-        mps.render_files(
+        files = mps.render_files(
             daemons,
             args.get("header", units.DEFAULT_HEADER),
             unit_dir,
             _option(args, "nvidia_cuda_mps_control", mps.DEFAULT_CONTROL),
             _option(args, "nvidia_smi", mps.DEFAULT_NVIDIA_SMI),
         )
+        for path in files:
+            _fits("unit_dir", path)
 
     return [
         ("plan", render),
@@ -201,12 +209,14 @@ def _pinned_checks(args: dict) -> list:
         unit_dir = units.check_host_path(
             "unit_dir", _option(args, "unit_dir", units.DEFAULT_UNIT_DIR)
         )
-        units.render_files(
+        files = units.render_files(
             args.get("plan"),
             args.get("header", units.DEFAULT_HEADER),
             bool(args.get("hardening", True)),
             unit_dir,
         )
+        for path in files:
+            _fits("unit_dir", path)
 
     return [
         ("plan", render),
@@ -228,7 +238,7 @@ def _option(args: dict, option: str, default: str) -> str:
 
 
 def _path(args: dict, option: str, default: str) -> str:
-    return units.check_host_path(option, _option(args, option, default))
+    return _fits(option, units.check_host_path(option, _option(args, option, default)))
 
 
 def _show(value) -> str:

@@ -307,6 +307,7 @@ FIELDS = (
         "pinned_services_manifest_path",
         "pinned_services_manifest_path",
         _path("pinned_services_manifest_path"),
+        "manifest",
     ),
     Field(
         "nvidia_mps_unit_dir",
@@ -318,12 +319,19 @@ FIELDS = (
         "nvidia_mps_manifest_path",
         "nvidia_mps_manifest_path",
         _path("nvidia_mps_manifest_path"),
+        "mps_manifest",
     ),
-    Field("nvidia_mps_control_path", "nvidia_mps_control_path", _path("nvidia_mps_control_path")),
+    Field(
+        "nvidia_mps_control_path",
+        "nvidia_mps_control_path",
+        _path("nvidia_mps_control_path"),
+        "mps_control",
+    ),
     Field(
         "nvidia_mps_nvidia_smi_path",
         "nvidia_mps_nvidia_smi_path",
         _path("nvidia_mps_nvidia_smi_path"),
+        "mps_smi",
     ),
 )
 # Fields left out, and why (quoted by the report).

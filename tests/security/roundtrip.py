@@ -68,6 +68,18 @@ def _options(files: dict) -> list:
     return _one(files, _mount(files), "Mount", "Options").split(",")
 
 
+def _host_path(path: str) -> str:
+    """The path the modules use (normalised); raises UnitSyntaxError unless Linux takes it."""
+    normal = posixpath.normpath(path)
+    sd.check_path(normal, absolute=True)  # PATH_MAX, NAME_MAX: a longer one fails at the write
+    return normal
+
+
+def _host_file(path: str, files: dict) -> tuple:
+    want = _host_path(path)
+    return want, want if want in files else sorted(files)
+
+
 def read_back(check: str, hostvars: dict, files: dict) -> tuple:
     """(what the user wrote, what systemd reads back) for the field's check; raises on a miss."""
     placement = hostvars["numafleet_placements"][0]
@@ -119,11 +131,22 @@ def read_back(check: str, hostvars: dict, files: dict) -> tuple:
     if check == "mount_group":
         return f"gid={mount['group']}", [o for o in _options(files) if o.startswith("gid=")][0]
     if check == "parted":
-        path = posixpath.normpath(hostvars["numafleet_mig_parted_config"])
-        return path, path if path in files else sorted(files)
+        return _host_file(hostvars["numafleet_mig_parted_config"], files)
+    if check in ("manifest", "mps_manifest"):
+        role = "pinned_services" if check == "manifest" else "nvidia_mps"
+        return _host_file(hostvars[f"{role}_manifest_path"], files)
+    if check == "mps_control":
+        want = _host_path(hostvars["nvidia_mps_control_path"])
+        template = f"{UNIT_DIR}/nvidia-mps@.service"
+        prefixes, argv = sd.exec_command(_one(files, template, "Service", "ExecStop"))
+        return f"echo quit | {want}", argv[-1]
+    if check == "mps_smi":
+        want = _host_path(hostvars["nvidia_mps_nvidia_smi_path"])
+        prefixes, argv = sd.exec_command(_one(files, _mps_dropin(files), "Service", "ExecStartPre"))
+        return ("+", want), (prefixes, argv[0])
     if check in ("unit_dir", "mps_unit_dir"):
         name = "pinned_services_unit_dir" if check == "unit_dir" else "nvidia_mps_unit_dir"
-        unit_dir = posixpath.normpath(hostvars[name])
+        unit_dir = _host_path(hostvars[name])
         unit = LLM.replace(UNIT_DIR, unit_dir) if check == "unit_dir" else None
         if unit is None:
             found = [p for p in files if p.startswith(f"{unit_dir}/nvidia-mps@")]

@@ -62,7 +62,22 @@ def test_good_arguments_pass(module):
             "host h1: hugepages_render_root (set from numafleet_render_root by site.yml and "
             'drift_check.yml): root is "/srv/$USER/render"; the module\'s path options expand',
         ),
-        ("numa_hugepages", {"root": "/srv/" + "x" * 300}, "each of its names at most 255 bytes"),
+        (
+            "numa_hugepages",
+            {"root": "/srv/" + "x" * 300},
+            "a name of 300; Linux takes paths below 4096 bytes with names of at most 255",
+        ),
+        (
+            "pinned_units",
+            {"manifest_path": "/srv" + "/x" * 2100},
+            'host h1: pinned_services_manifest_path: manifest_path: "/srv/x/x/x/x/x/x/x/',
+        ),
+        (
+            "nvidia_mig",
+            {"mig_parted_config": "/etc/" + "m" * 256},
+            "host h1: nvidia_mig_parted_config (set from numafleet_mig_parted_config by site.yml "
+            "and drift_check.yml): mig_parted_config: ",
+        ),
         (
             "numa_kernel",
             {"irqbalance_banned_cpus": "0-1;x"},
@@ -112,6 +127,7 @@ def test_what_the_module_refuses_is_refused_naming_the_role_input(module, change
     assert text.startswith("host h1: ")
     assert text.endswith(_module_inputs.FIX)
     assert text.isprintable(), repr(text)
+    assert len(text) < 1000, "a long value is cut in the message"
 
 
 def test_every_bad_option_has_its_own_message():
