@@ -26,13 +26,13 @@ export PATH := $(BIN):$(PATH)
 export ANSIBLE_NOCOLOR := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: bench gpu-proof help setup demo docs test lint ruff yamllint ansible-lint sanity units integration system vm vm-up vm-verify vm-login vm-down changelog-lint changelog format clean
+.PHONY: bench gpu-proof help setup demo docs test lint ruff yamllint ansible-lint sanity units security integration system vm vm-up vm-verify vm-login vm-down changelog-lint changelog format clean
 
 help:
 	@echo "make setup          create .venv from requirements-dev.txt and the .collections symlink"
 	@echo "make demo           materialise .demo/ and run site.yml on the demo fleet (render mode)"
-	@echo "make test           lint + sanity + units + integration + system + vm (the CI gate)"
-	@echo "make lint|sanity|units|system|vm|changelog-lint   one layer at a time"
+	@echo "make test           lint + sanity + units + security + integration + system + vm (the CI gate)"
+	@echo "make lint|sanity|units|security|system|vm|changelog-lint   one layer at a time"
 	@echo "make vm             the 2-NUMA-node QEMU guest scenario (molecule numa_vm, about 10 minutes)"
 	@echo "make vm-up|vm-verify|vm-login|vm-down   the same step by step, the guest left running"
 	@echo "make bench          the benchmarks (facts, planner, 50-200 host fleet; about 40 minutes), results in benchmarks/results/"
@@ -78,7 +78,7 @@ demo: setup
 	$(BIN)/python tests/unit/fixtures/trees.py --demo .demo
 	$(BIN)/ansible-playbook -i inventories/demo site.yml
 
-test: lint sanity units integration system vm
+test: lint sanity units security integration system vm
 
 # docs/host_variables.md is generated from plugins/plugin_utils/_host_vars.py (the schema that
 # numafleet.tuning.host_vars_check checks against); tests/unit/test_host_vars_doc.py fails while
@@ -129,6 +129,11 @@ format: setup
 
 units: setup
 	$(BIN)/pytest tests/unit -q
+
+# The security layer: the injection matrix (every user-settable string x a payload corpus, each
+# refused before the plan gate or read back exactly; counts in tests/output/security/).
+security: setup
+	$(BIN)/pytest tests/security -q -p no:cacheprovider
 
 # Real site.yml runs on scratch copies of the demo fleet and tests/bad_inputs/ (about 2-3 minutes).
 system: setup

@@ -15,6 +15,7 @@ from ansible.errors import AnsibleError
 from ansible_collections.numafleet.tuning.plugins.plugin_utils import _host_vars
 from ansible_collections.numafleet.tuning.plugins.plugin_utils._controller import (
     ControllerAction,
+    escape_controls,
     plain,
 )
 
@@ -60,6 +61,8 @@ class ActionModule(ControllerAction):
                 # playbook templates it in its own context, and fails there if it is undefined.
                 continue
         problems += _host_vars.type_problems(values)
+        # A value's newline, NUL or NEL shows as an escape, never breaks or hides the message.
+        problems = [escape_controls(text) for text in problems]
         result.update(changed=False, problems=problems, checked=sorted(values))
         if problems:
             result.update(failed=True, msg=_host_vars.message(host, problems))

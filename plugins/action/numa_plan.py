@@ -15,6 +15,7 @@ from ansible_collections.numafleet.tuning.plugins.module_utils.numa.changes impo
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import (
     NumaTuneError,
     PlanError,
+    UnitRenderError,
 )
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.planner import (
     parse_recorded,
@@ -24,6 +25,7 @@ from ansible_collections.numafleet.tuning.plugins.module_utils.numa.planner impo
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.recorded import PLAN_PATH
 from ansible_collections.numafleet.tuning.plugins.plugin_utils._controller import (
     ControllerAction,
+    escape_controls,
     plain,
 )
 
@@ -53,6 +55,33 @@ ARGUMENT_SPEC = dict(
     mps_control_path=dict(type="str", default=mps.DEFAULT_CONTROL),
     mps_nvidia_smi_path=dict(type="str", default=mps.DEFAULT_NVIDIA_SMI),
 )
+
+# The renderers' names of the path and program options -> the role inputs that set them.
+_UNIT_OPTIONS = {"unit_dir": "pinned_services_unit_dir"}
+_MPS_OPTIONS = {
+    "unit_dir": "nvidia_mps_unit_dir",
+    "nvidia_cuda_mps_control": "nvidia_mps_control_path",
+    "nvidia_smi": "nvidia_mps_nvidia_smi_path",
+}
+
+
+# The plan's lists -> the host variables they were planned from (placements[2] of the plan is
+# numafleet_placements[2]: the planner keeps the order and the index).
+_PLAN_LISTS = {"plan placements[": "numafleet_placements[", "plan tenants[": "numafleet_tenants["}
+
+
+def _named(host: str, text: str, options: dict) -> str:
+    """text of a renderer's error, naming the role input or host variable the value came from."""
+    prefix = f"host {host}: "
+    if text.startswith(prefix):
+        text = text[len(prefix) :]
+    for option, role_input in options.items():
+        if text.startswith(f"{option}: "):
+            text = f"{role_input} ({option} of the renderer): {text[len(option) + 2 :]}"
+    for plan_list, host_var in _PLAN_LISTS.items():
+        if text.startswith(plan_list):
+            text = host_var + text[len(plan_list) :]
+    return prefix + text
 
 
 class ActionModule(ControllerAction):
@@ -112,15 +141,23 @@ class ActionModule(ControllerAction):
             )
             summary = plan_summary(plan)
             old_plan = recorded["plan"] if valid is not None else None
+            # Every run renders the units and MPS files of the plan, so that what the renderers
+            # refuse is refused here, on the controller, before the plan gate.
+            unit_files, mps_files = self._render(host, args, plan)
             changes = None
             if args["changes"]:
-                changes = self._changes(host, args, old_plan, recorded, plan, gpu_topology)
+                changes = self._changes(
+                    host, args, old_plan, recorded, plan, gpu_topology, unit_files, mps_files
+                )
                 plan["awaiting_restart"] = changes["units"]["awaiting_restart"]
             else:
                 # Restarts that await a window (numafleet_restart: never) stay recorded.
                 plan["awaiting_restart"] = list((old_plan or {}).get("awaiting_restart") or [])
         except NumaTuneError as exc:
-            result.update(failed=True, msg=str(exc))
+            msg = escape_controls(str(exc))
+            if not msg.startswith(f"host {host}: "):
+                msg = f"host {host}: {msg}"
+            result.update(failed=True, msg=msg)
             return result
 
         if changes is not None and changes["refused"] and not args["refuse"]:
@@ -159,20 +196,34 @@ class ActionModule(ControllerAction):
         return None
 
     @staticmethod
-    def _changes(host, args, old_plan, recorded, plan, gpu_topology) -> dict:
+    def _render(host, args, plan) -> tuple:
+        """({path: text} of the units, of the MPS files) of plan; raises UnitRenderError.
+
+        A message about a path or program option names the role input that sets it.
+        """
+        try:
+            unit_files = units.render_files(
+                plan, units.DEFAULT_HEADER, args["hardening"], args["unit_dir"]
+            )
+        except UnitRenderError as exc:
+            raise UnitRenderError(_named(host, str(exc), _UNIT_OPTIONS)) from None
+        try:
+            daemons, dummy = mps.plan_daemons(plan)
+            mps_files = mps.render_files(
+                daemons,
+                units.DEFAULT_HEADER,
+                args["mps_unit_dir"],
+                args["mps_control_path"],
+                args["mps_nvidia_smi_path"],
+            )
+        except UnitRenderError as exc:
+            raise UnitRenderError(_named(host, str(exc), _MPS_OPTIONS)) from None
+        return unit_files, mps_files
+
+    @staticmethod
+    def _changes(host, args, old_plan, recorded, plan, gpu_topology, unit_files, mps_files):
         """The change plan (numafleet_changes): recorded state -> this plan; raises NumaTuneError."""
         recorded = recorded or {}
-        unit_files = units.render_files(
-            plan, units.DEFAULT_HEADER, args["hardening"], args["unit_dir"]
-        )
-        daemons, dummy = mps.plan_daemons(plan)
-        mps_files = mps.render_files(
-            daemons,
-            units.DEFAULT_HEADER,
-            args["mps_unit_dir"],
-            args["mps_control_path"],
-            args["mps_nvidia_smi_path"],
-        )
         return change_plan(
             host,
             old_plan,

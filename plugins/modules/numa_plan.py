@@ -49,6 +49,10 @@ description:
   - Input that is malformed or cannot fit fails the task with one message that names the host, the
     variable (for example numafleet_placements[2] (llm-70b).memory), what is wrong, and the fix;
     infeasible plans list what is free per node. Nothing is planned for that host.
+  - Every run renders the plan's units, drop-ins, tenant slices and MPS files (with O(hardening),
+    O(unit_dir), O(mps_unit_dir), O(mps_control_path) and O(mps_nvidia_smi_path)), so a value the
+    renderers refuse (a NEL or newline in a text field, V($) in a program path) fails here, on the
+    controller, naming the host variable or role input, before anything is changed on any host.
   - Check mode computes the same plan.
 options:
   numa:
@@ -171,23 +175,23 @@ options:
   hardening:
     description:
       - The C(hardening) option the units are rendered with (the role variable
-        C(pinned_services_hardening)), for the change plan.
+        C(pinned_services_hardening)), for the rendering and the change plan.
     type: bool
     default: true
   unit_dir:
-    description: Directory of the pinned units on the host (C(pinned_services_unit_dir)), for the change plan.
+    description: Directory of the pinned units on the host (C(pinned_services_unit_dir)), for the rendering and the change plan.
     type: str
     default: /etc/systemd/system
   mps_unit_dir:
-    description: Directory of the MPS units on the host (C(nvidia_mps_unit_dir)), for the change plan.
+    description: Directory of the MPS units on the host (C(nvidia_mps_unit_dir)), for the rendering and the change plan.
     type: str
     default: /etc/systemd/system
   mps_control_path:
-    description: C(nvidia-cuda-mps-control) as the MPS units name it (C(nvidia_mps_control_path)), for the change plan.
+    description: C(nvidia-cuda-mps-control) as the MPS units name it (C(nvidia_mps_control_path)), for the rendering and the change plan.
     type: str
     default: /usr/bin/nvidia-cuda-mps-control
   mps_nvidia_smi_path:
-    description: C(nvidia-smi) as the MPS units name it (C(nvidia_mps_nvidia_smi_path)), for the change plan.
+    description: C(nvidia-smi) as the MPS units name it (C(nvidia_mps_nvidia_smi_path)), for the rendering and the change plan.
     type: str
     default: /usr/bin/nvidia-smi
 extends_documentation_fragment:

@@ -9,6 +9,8 @@ plain Python data to the pure core in ``module_utils/numa``.
 
 from __future__ import annotations
 
+import unicodedata
+
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 
@@ -49,3 +51,21 @@ class ControllerAction(ActionBase):
         except AnsibleActionFail as exc:
             raise AnsibleActionFail(f"host {host}: {self.NAME}: {exc.message}") from None
         return result, host, args
+
+
+# Characters a message shows escaped: C0/C1 controls (newline, NUL, NEL...) and the Unicode line
+# and paragraph separators, which would break a message line or hide the real value.
+_SHOWN_ESCAPED = ("Cc", "Zl", "Zp")
+
+
+def escape_controls(text: str) -> str:
+    """text with its control characters and line separators written as escapes (\\n, \\x85)."""
+    if text.isprintable():
+        return text
+    out = []
+    for char in text:
+        if unicodedata.category(char) in _SHOWN_ESCAPED:
+            out.append(repr(char)[1:-1] if char != "'" else char)
+        else:
+            out.append(char)
+    return "".join(out)

@@ -74,7 +74,8 @@ _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 _UNIT = re.compile(r"^[A-Za-z0-9:_.@\\-]{1,249}\.service\Z")
 _PROGRAM = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*\Z")
 _SIZE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)\s*(?:([kmgt])(i?))?(b?)\Z", re.IGNORECASE)
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# Unicode category Cc, as the unit renderers refuse it: C0, DEL and C1 (NEL U+0085 included).
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _QUOTING = re.compile(r"['\"\\]")
 _MULTIPLIER = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 # The last character of the usual sizes (64G, 512M): its multiplier, either case.
@@ -90,7 +91,12 @@ _UNIT_OWN = {"description": "Description=", "hardening": "the sandboxing setting
 # A MIG profile name as nvidia-smi and NVML print it without "MIG ": 3g.40gb, 1g.10gb+me, 1c.3g.40gb.
 _MIG_PROFILE = re.compile(r"^[0-9]+g\.[0-9]+gb(?:[+-][a-z.]+)?\Z")
 _MIG_CI_PROFILE = re.compile(r"^(?:[0-9]+c\.)?[0-9]+g\.[0-9]+gb(?:[+-][a-z.]+)?\Z")
-_CONTROL_NAMES = {"\t": "a tab", "\n": "a newline", "\r": "a carriage return"}
+_CONTROL_NAMES = {
+    "\t": "a tab",
+    "\n": "a newline",
+    "\r": "a carriage return",
+    "\x85": "a NEL (U+0085)",
+}
 
 
 @dataclass(frozen=True)
@@ -602,6 +608,8 @@ def _placement(host: str, index: int, entry, tenants: set) -> Placement:
     if not _PLACEMENT_KEY_SET.issuperset(entry):
         _check_keys(host, where, entry, PLACEMENT_KEYS)
     tenant = entry.get("tenant")
+    if tenant is not None and not isinstance(tenant, str):
+        raise _fail(host, f"{where}.tenant: {tenant!r} is not a string; write a tenant's name")
     if tenant is not None and tenant not in tenants:
         known = ", ".join(sorted(tenants)) or "none defined"
         raise _fail(

@@ -227,3 +227,13 @@ def test_a_host_missing_from_hostvars_fails_with_its_name():
     result = action.run(task_vars={"inventory_hostname": "lost", "hostvars": {}})
     assert result["failed"] is True
     assert result["msg"].startswith("host lost: numafleet.tuning.host_vars_check: ")
+
+
+@pytest.mark.parametrize("value", ["never\n", "a\x85b", "nul\x00", "line\u2028sep"])
+def test_a_control_character_of_a_value_shows_escaped(value):
+    """Argument-spec messages quote the value as it is: its newline or NUL is shown escaped."""
+    result = run_action({**DEMO, "numafleet_thp_enabled": value})
+    assert result["failed"] is True
+    assert result["msg"].startswith("host gpu-a100-01: value of numafleet_thp_enabled ")
+    assert result["msg"].isprintable(), repr(result["msg"])
+    assert repr(value)[1:-1] in result["msg"]

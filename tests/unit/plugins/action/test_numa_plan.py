@@ -130,3 +130,30 @@ def test_missing_numa_facts_say_what_to_run():
 def test_unknown_option_names_the_host(a100_facts):
     with pytest.raises(AnsibleActionFail, match=r"^host gpu-a100-01: numafleet.tuning.numa_plan: "):
         run_action({"placement": [LLM]}, a100_facts)
+
+
+def test_the_units_are_rendered_on_every_run(a100_facts):
+    """A value the unit renderer refuses fails the plan even without changes: true."""
+    bad = dict(LLM, exec="/opt/$APP/bin/serve")
+    result = run_action({"placements": [bad]}, a100_facts)
+    assert result["failed"] is True
+    assert result["msg"].startswith("host gpu-a100-01: numafleet_placements[0] (llm).exec: ")
+    assert "holds $" in result["msg"]
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        ({"unit_dir": "/etc/systemd/sys\ntem"}, "pinned_services_unit_dir (unit_dir of the "),
+        ({"mps_unit_dir": "relative/dir"}, "nvidia_mps_unit_dir (unit_dir of the renderer): "),
+        ({"mps_control_path": "/usr/bin/mps control"}, "nvidia_mps_control_path (nvidia_cuda_"),
+        ({"mps_nvidia_smi_path": "/usr/bin/smi\x85"}, "nvidia_mps_nvidia_smi_path (nvidia_smi "),
+    ],
+    ids=["unit-dir", "mps-unit-dir", "control", "nvidia-smi"],
+)
+def test_a_renderer_option_error_names_the_host_and_the_role_input(a100_facts, args, fragment):
+    mps_client = {"name": "rr", "exec": "/opt/rr", "cpus": 4, "gpus": 1, "mps": True}
+    result = run_action({"placements": [mps_client], **args}, a100_facts)
+    assert result["failed"] is True
+    assert result["msg"].startswith(f"host gpu-a100-01: {fragment}"), result["msg"]
+    assert result["msg"].isprintable(), repr(result["msg"])

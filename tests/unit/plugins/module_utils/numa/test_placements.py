@@ -477,6 +477,23 @@ BAD_PLACEMENTS = [
         f"{P0}.description contains a control character",
     ),
     (
+        "tenant not a string",
+        placement(tenant=["team-a"]),
+        f"{P0}.tenant: ['team-a'] is not a string; write a tenant's name",
+    ),
+    (
+        "description NEL",
+        placement(description="chat\x85model"),
+        f"{P0}.description contains a control character or newline (a NEL (U+0085) at "
+        "character 5 of 'chat\\x85model')",
+    ),
+    (
+        "env value C1 control",
+        placement(environment={"A": "x\x9by"}),
+        f"{P0}.environment.A contains a control character or newline ('\\x9b' at character 2",
+    ),
+    ("exec NEL", placement(exec="/bin/a b\x85"), f"{P0}.exec contains a control character"),
+    (
         "bare semicolon",
         placement(exec="/bin/a ; /bin/b"),
         f"{P0}.exec has a bare ';' word, which systemd treats as a command separator; use a wrapper script",
