@@ -16,10 +16,8 @@ import pytest
 
 from ansible_collections.numafleet.tuning.plugins.plugin_utils import _host_vars
 
-# Values the renderers of this tree still write so that systemd reads back something else (outer
-# spaces and a trailing backslash of free text and mount paths, program paths systemd refuses:
-# over PATH_MAX, with .., ending in /). The rendering work of issue 19 escapes or refuses each: then
-# this test fails until the entry is removed, so the set ends empty.
+# (field, payload) cases a renderer is known to write so that systemd reads back something else.
+# Empty: every context escapes or refuses. An entry would make the test below fail once fixed.
 KNOWN_RENDER_GAPS: set = set()
 
 
