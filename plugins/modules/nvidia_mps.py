@@ -369,9 +369,11 @@ handler_start:
   sample: [nvidia-mps@GPU-fdb5df64-11ce-5c72-a560-9702875cecd6.service]
 """
 
+from contextlib import ExitStack, nullcontext
+
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.numafleet.tuning.plugins.module_utils.numa import mps, units
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import files, mps, units
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import NumaTuneError
 
 
@@ -393,7 +395,7 @@ def main() -> None:
     root, systemd = params["root"], params["service_manager"] == "systemd"
     control = params["nvidia_cuda_mps_control"]
     env = {"LC_ALL": "C", "LANG": "C"}
-    ran, settings, live = [], [], False
+    ran, settings, live, kept, stack = [], [], False, [], ExitStack()
 
     def runner(argv, stdin, environ):
         return module.run_command(
@@ -407,10 +409,13 @@ def main() -> None:
         desired = mps.render_files(
             daemons, params["header"], unit_dir, control, params["nvidia_smi"]
         )
+        # Held from the first read of the host's files to the last write (not in check mode).
+        stack.enter_context(files.host_lock(root) if not module.check_mode else nullcontext())
         manifest = units.read_manifest(root, manifest_path)
         mps.check_manifest_owner(manifest_path, manifest.files)
-        current = units.read_files(root, set(desired) | set(manifest.files))
-        changes = units.plan_changes(current, desired, list(manifest.files))
+        owned, kept = units.removable(root, manifest, desired, unit_dir, params["header"])
+        current = units.read_files(root, set(desired) | set(owned))
+        changes = units.plan_changes(current, desired, owned)
         manifest_change = units.plan_manifest(manifest, desired)
         actions = mps.plan_actions(changes, daemons)
         systemctl = module.get_bin_path("systemctl", required=True) if systemd else None
@@ -433,8 +438,10 @@ def main() -> None:
             units.write_manifest(root, manifest_change)
     except NumaTuneError as exc:
         module.fail_json(msg=str(exc), ran=ran)
+    finally:
+        stack.close()  # the lock goes with the last write, or with a failure
 
-    for warning in warnings:
+    for warning in warnings + [item.message() for item in kept]:
         module.warn(warning)
     every = changes + ([manifest_change] if manifest_change else [])
     handlers = systemd and not module.check_mode
@@ -448,6 +455,7 @@ def main() -> None:
         ran=ran,
         settings=settings,
         skipped=warnings,
+        kept=[item.as_dict() for item in kept],
         handler_restart=list(actions.restart) if handlers else [],
         handler_start=list(actions.start) if handlers else [],
     )

@@ -296,9 +296,11 @@ handler_start:
   sample: [numafleet-llm-70b.service]
 """
 
+from contextlib import ExitStack, nullcontext
+
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.numafleet.tuning.plugins.module_utils.numa import units
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import files, units
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import NumaTuneError
 
 
@@ -318,18 +320,21 @@ def main() -> None:
     )
     params = module.params
     root, systemd = params["root"], params["service_manager"] == "systemd"
-    ran = []
+    ran, kept, stack = [], [], ExitStack()
     try:
         unit_dir = units.check_host_path("unit_dir", params["unit_dir"])
         manifest_path = units.check_host_path("manifest_path", params["manifest_path"])
         desired = units.render_files(
             params["plan"], params["header"], params["hardening"], unit_dir
         )
-        manifest = units.read_manifest(root, manifest_path)
-        current = units.read_files(root, set(desired) | set(manifest.files))
-        changes = units.plan_changes(current, desired, list(manifest.files))
-        manifest_change = units.plan_manifest(manifest, desired)
         plan_path = units.check_host_path("plan_path", params["plan_path"])
+        # Held from the first read of the host's files to the last write (not in check mode).
+        stack.enter_context(files.host_lock(root) if not module.check_mode else nullcontext())
+        manifest = units.read_manifest(root, manifest_path)
+        owned, kept = units.removable(root, manifest, desired, unit_dir, params["header"])
+        current = units.read_files(root, set(desired) | set(owned))
+        changes = units.plan_changes(current, desired, owned)
+        manifest_change = units.plan_manifest(manifest, desired)
         plan_change = units.plan_record_change(root, plan_path, params["plan"])
         if plan_change.state == "create" and not desired and not manifest.files:
             plan_change = None  # nothing planned, nothing written before: nothing to record
@@ -356,7 +361,11 @@ def main() -> None:
                 units.write_files(root, [plan_change])
     except NumaTuneError as exc:
         module.fail_json(msg=str(exc), ran=ran)
+    finally:
+        stack.close()  # the lock goes with the last write, or with a failure
 
+    for item in kept:
+        module.warn(item.message())
     every = [change for change in changes + [manifest_change, plan_change] if change is not None]
     handlers = systemd and not module.check_mode
     result = dict(
@@ -367,6 +376,7 @@ def main() -> None:
         reload_needed=actions.reload_needed,
         would_run=actions.would_run(),
         ran=ran,
+        kept=[item.as_dict() for item in kept],
         handler_restart=list(actions.restart) if handlers else [],
         handler_try_restart=list(actions.try_restart) if handlers else [],
         handler_start=list(actions.start) if handlers else [],
