@@ -389,9 +389,11 @@ handler_mount_stop:
   sample: ["mnt-huge\\x2d2m.mount"]
 """
 
+from contextlib import ExitStack, nullcontext
+
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.numafleet.tuning.plugins.module_utils.numa import hugepages
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import files, hugepages
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import NumaTuneError
 
 
@@ -430,8 +432,12 @@ def main() -> None:
         ),
         supports_check_mode=True,
     )
-    params = module.params
+    params, stack = module.params, ExitStack()
     try:
+        # Held from the first read of the host's files to the last write (not in check mode).
+        stack.enter_context(
+            files.host_lock(params["root"]) if not module.check_mode else nullcontext()
+        )
         plan = hugepages.plan_hugepages(
             pools=params["pools"],
             sysfs_root=params["sysfs_root"],
@@ -446,6 +452,8 @@ def main() -> None:
             hugepages.apply_hugepages(plan)
     except NumaTuneError as exc:
         module.fail_json(msg=str(exc))
+    finally:
+        stack.close()  # the lock goes with the last write, or with a failure
     result = plan.as_result(module.check_mode, module._diff)
     for warning in result.pop("warnings"):
         module.warn(warning)

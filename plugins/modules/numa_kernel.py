@@ -281,9 +281,11 @@ ran:
   sample: [systemctl try-restart irqbalance.service]
 """
 
+from contextlib import ExitStack, nullcontext
+
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.numafleet.tuning.plugins.module_utils.numa import kernel
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import files, kernel
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import NumaTuneError
 
 ENVIRON = {"LC_ALL": "C", "LANG": "C"}
@@ -317,9 +319,13 @@ def main() -> None:
         ),
         supports_check_mode=True,
     )
-    params, ran = module.params, []
+    params, ran, stack = module.params, [], ExitStack()
     systemd = params["service_manager"] == "systemd"
     try:
+        # Held from the first read of the host's files to the last write (not in check mode).
+        stack.enter_context(
+            files.host_lock(params["root"]) if not module.check_mode else nullcontext()
+        )
         desired = kernel.parse_options(params)
         state = kernel.read_state(
             desired, params["sysfs_root"], params["procfs_root"], params["root"]
@@ -347,6 +353,8 @@ def main() -> None:
                 ran.append(line)
     except NumaTuneError as exc:
         module.fail_json(msg=str(exc), ran=ran)
+    finally:
+        stack.close()  # the lock goes with the last write, or with a failure
     for warning in warnings:
         module.warn(warning)
     result = dict(

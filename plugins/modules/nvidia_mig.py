@@ -373,10 +373,11 @@ gpu_changed:
 """
 
 import functools
+from contextlib import nullcontext
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.numafleet.tuning.plugins.module_utils.numa import mig, mig_nvml
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import files, mig, mig_nvml
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import (
     NumaTuneError,
 )
@@ -418,9 +419,13 @@ def main() -> None:
     params = dict(module.params)
     run = functools.partial(module.run_command, environ_update={"LC_ALL": "C", "LANG": "C"})
     try:
-        result = mig_nvml.run(params, module.check_mode, run, module.get_bin_path, load_pynvml)
+        # Held from the first read of the host to the last write (not in check mode).
+        with files.host_lock(params["root"]) if not module.check_mode else nullcontext():
+            result = mig_nvml.run(params, module.check_mode, run, module.get_bin_path, load_pynvml)
     except NumaTuneError as exc:
         module.fail_json(msg=str(exc))
+    for item in result["kept"]:
+        module.warn(f"{item['path']}: {item['reason']}")
     if not module._diff:
         result.pop("diff")
     module.exit_json(**result)

@@ -339,14 +339,21 @@ def host_lock(
     poll_s: float = _LOCK_POLL_S,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
-) -> Iterator[str]:
+) -> Iterator[Optional[str]]:
     """Hold the exclusive per-host lock ``/run/numafleet/apply.lock`` below ``root``; yields its path.
+
+    A ``root`` that does not exist (a render directory not made yet) is not locked: None.
 
     Waits up to ``timeout_s`` seconds (None: LOCK_TIMEOUT_S, 120) for another run to release it, then raises LockError
     naming the lock file and the PID written in it by the holder. The lock goes with the
     process (``flock``): a killed run never leaves it held. The file stays (mode 0644).
     """
     real = _real(root, _parts(LOCK_PATH, _lock_fail, root))
+    if not os.path.isdir(os.path.realpath(root)):
+        # A render root that does not exist yet holds nothing to protect; the first write
+        # makes it. ("/" always exists, so a host is always locked.)
+        yield None
+        return
     dir_fd = open_dir(root, os.path.dirname(LOCK_PATH), _lock_fail, create=True)
     try:
         fd = os.open(

@@ -20,8 +20,8 @@ import stat
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from . import files
 from .errors import NumaTuneError
-from .files import write_atomic
 from .sysfs import Reader
 from .units import FileChange, under_root
 
@@ -861,28 +861,32 @@ def render_grub(args: list) -> str:
     )
 
 
-def _read_file(root: str, path: str) -> tuple:
-    """(text or None when absent, permission bits or None) of ``path`` below ``root``."""
-    real = under_root(root, path)
-    if not os.path.lexists(real):
+def _fail_read(path: str, reason: str) -> HugepageError:
+    if "symbolic link" in reason:
+        return HugepageError(f"{path}: {reason}")
+    if "regular file" in reason:
+        return HugepageError(
+            f"{path}: is not a regular file. Move it away; numafleet writes a file here"
+        )
+    return HugepageError(f"{path}: {reason}. Check its permissions")
+
+
+def _read_file(root: str, path: str, link_as_absent: bool = True) -> tuple:
+    """(text or None when absent, permission bits or None) of ``path`` below ``root``.
+
+    Nothing is read through a link (files.read_file): a link at a managed file reads as absent
+    and is replaced by the write; a linked parent directory is refused.
+    """
+    data = files.read_file(root, path, _fail_read, link_as_absent)
+    if data is None:
         return None, None
-    try:
-        info = os.lstat(real)
-        if not stat.S_ISREG(info.st_mode):
-            raise HugepageError(
-                f"{real}: is not a regular file. Move it away; numafleet writes a file here"
-            )
-        with open(real, encoding="utf-8", errors="replace") as handle:
-            return handle.read(), stat.S_IMODE(info.st_mode)
-    except OSError as exc:
-        raise HugepageError(
-            f"{real}: {exc.strerror or 'cannot be read'}. Check its permissions"
-        ) from None
+    info = files.lstat_file(root, path, _fail_read)
+    return data.decode("utf-8", errors="replace"), stat.S_IMODE(info.st_mode) if info else None
 
 
 def read_state(root: str) -> tuple:
     """(State, text) of the state file under root, (None, None) if absent; raises HugepageError."""
-    text, dummy = _read_file(root, STATE_PATH)
+    text, dummy = _read_file(root, STATE_PATH, link_as_absent=False)
     if text is None:
         return None, None
     return parse_state(text, under_root(root, STATE_PATH)), text
@@ -903,31 +907,25 @@ def file_mode(path: str) -> int:
     return PROGRAM_MODE if path == PROGRAM_PATH else FILE_MODE
 
 
-def _write_atomic(real: str, text: str, mode: int) -> None:
-    fix = "Check that the directory is writable, or set root to one that is"
-    write_atomic(
-        real, text, mode, lambda path, reason: HugepageError(f"{path}: {reason}. {fix}"), DIR_MODE
+def _fail_write(path: str, reason: str) -> HugepageError:
+    return HugepageError(
+        f"{path}: {reason}. Check that the directory is writable, or set root to one that is"
     )
 
 
 def write_files(root: str, changes: list) -> None:
     """Apply file changes below ``root``: atomic writes with their modes, removals.
 
-    Raises HugepageError.
+    Nothing is written or removed through a link, and directories made get mode 0755 whatever
+    the umask (files.py). Raises HugepageError.
     """
     for change in changes:
-        real = under_root(root, change.path)
         if change.state in ("create", "update"):
-            _write_atomic(real, change.after or "", file_mode(change.path))
+            files.write_file(
+                root, change.path, change.after or "", file_mode(change.path), _fail_write, DIR_MODE
+            )
         elif change.state == "remove":
-            try:
-                os.unlink(real)
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                raise HugepageError(
-                    f"{real}: {exc.strerror or 'cannot be removed'}. Check its permissions"
-                ) from None
+            files.remove_file(root, change.path, _fail_write)
 
 
 # --- the whole change --------------------------------------------------------------------------
