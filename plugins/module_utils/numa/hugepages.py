@@ -1152,7 +1152,7 @@ def plan_hugepages(
     )
 
     files: list = []
-    mount_units = _mount_changes(root, wanted_mounts, previous.mounts)
+    mount_units = _mount_changes(root, wanted_mounts, previous.mounts, warnings)
     files.extend(change for dummy, change in mount_units)
     persist = state is not None or bool(next_managed) or bool(args) or bool(wanted_mounts)
     if persist:
@@ -1186,11 +1186,13 @@ def plan_hugepages(
     )
 
 
-def _mount_changes(root: str, wanted: tuple, previous: tuple) -> list:
+def _mount_changes(root: str, wanted: tuple, previous: tuple, warnings: list) -> list:
     """[(unit, FileChange)]: the wanted mount units, and the earlier run's ones no longer wanted.
 
     A unit file that is there, was not written by an earlier run and lacks the numafleet header
-    is somebody else's: raises HugepageError rather than overwrite it.
+    is somebody else's: raises HugepageError rather than overwrite it. A unit the state file
+    lists as ours that lacks the header is kept (not stopped, not removed) with a warning
+    appended to ``warnings``: the state file may have been edited.
     """
     out = []
     for mount in wanted:
@@ -1210,7 +1212,13 @@ def _mount_changes(root: str, wanted: tuple, previous: tuple) -> list:
     for unit in previous:
         if unit not in wanted_units:
             change = _file_change(root, f"{MOUNT_UNIT_DIR}/{unit}", None, FILE_MODE)
-            if change is not None:
+            if change is not None and not (change.before or "").startswith(HEADER):
+                warnings.append(
+                    f"{under_root(root, change.path)}: listed in {STATE_PATH} as a mount unit "
+                    "numafleet wrote, but it lacks the numafleet header; it is kept (not stopped, "
+                    "not removed). Remove it by hand if it is no longer wanted"
+                )
+            elif change is not None:
                 out.append((unit, change))
     return out
 

@@ -372,3 +372,22 @@ def test_a_second_run_fails_while_the_lock_is_held(run_module, host, monkeypatch
         result = run_module("numa_hugepages", args(host, GROW))
     assert result["failed"] is True and lock in result["msg"] and "PID 777" in result["msg"]
     assert pool(host, 0) != 32 and not os.path.exists(os.path.join(host["root"], STATE))
+
+
+def test_a_mount_unit_the_state_file_lists_but_we_did_not_write_is_kept(run_module, host, tmp_path):
+    """Failed before: an admin's home.mount named in hugepages.json was stopped and removed."""
+    run_module("numa_hugepages", args(host, GROW, mounts=MOUNTS))
+    admin = os.path.join(host["root"], "etc/systemd/system/home.mount")
+    with open(admin, "w") as out:
+        out.write("[Mount]\nWhat=/dev/sdb1\nWhere=/home\n")
+    state = os.path.join(host["root"], STATE)
+    with open(state) as handle:
+        data = json.load(handle)
+    data["mounts"] = sorted([*data["mounts"], "home.mount"])
+    with open(state, "w") as out:
+        json.dump(data, out)
+    result = run_fresh(tmp_path, args(host, GROW, mounts=MOUNTS, service_manager="systemd"))
+    assert not result.get("failed"), result.get("msg")
+    assert "home.mount" not in " ".join(result["would_run"]) and result["handler_mount_stop"] == []
+    assert os.path.isfile(admin)
+    assert any("home.mount" in text and "kept" in text for text in warning_texts(result))
