@@ -422,6 +422,7 @@ def test_a_linked_directory_at_any_level_is_refused_and_nothing_lands_there(
 
 @pytest.mark.parametrize("mask", [0o000, 0o077])
 def test_modes_are_the_same_under_any_umask(run_module, tmp_path, mask):
+    (tmp_path / "root").mkdir()  # an existing root is locked: the lock file is checked too
     old = os.umask(mask)
     try:
         result = run_module("pinned_units", args(tmp_path / "root", make_plan("a", dropin=True)))
