@@ -800,8 +800,8 @@ ansible_facts:
             - Every file the manifests list, and each manifest, as on the host, mapped to the
               sha256 hex digest of its content, V(null) when absent, or V(other) (a symbolic
               link, or reached through one, or no regular file), V(unreadable), or V(kept).
-            - V(kept) marks a file the apply modules will not remove as theirs (outside
-              C(/etc/systemd/system), a link, or content changed since numafleet wrote it); see
+            - V(kept) marks a file the apply modules will not remove as theirs (a link, or content
+              changed since numafleet wrote it); see
               RV(ansible_facts.numafleet_recorded.kept).
           type: dict
           sample: {/etc/systemd/system/numafleet-embed.service: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08}

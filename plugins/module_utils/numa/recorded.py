@@ -18,7 +18,7 @@ from typing import Optional
 
 from . import files
 from .errors import NumaTuneError
-from .units import DEFAULT_UNIT_DIR, read_manifest, removable, under_root
+from .units import read_manifest, removable, under_root
 
 PLAN_PATH = "/etc/numafleet/plan.json"
 MANIFEST_PATHS = ("/etc/numafleet/manifest.json", "/etc/numafleet/mps-units.json")
@@ -113,7 +113,10 @@ def read_recorded(root: str, plan_path: str = PLAN_PATH, manifest_paths=MANIFEST
         found_files[manifest] = found
         try:
             listed = read_manifest(root, manifest)  # as pinned_units / nvidia_mps read it
-            ours, refused = removable(root, listed, (), DEFAULT_UNIT_DIR)
+            # The unit_dir the roles pass is not known here: any directory counts, so that a
+            # custom pinned_services_unit_dir keeps its stops in the change plan (and its
+            # blast-radius guard); the apply module checks the directory too.
+            ours, refused = removable(root, listed, (), None)
         except NumaTuneError as exc:
             errors.append(str(exc))
             continue

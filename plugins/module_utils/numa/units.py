@@ -782,21 +782,23 @@ def in_unit_dir(path: str, unit_dir: str) -> bool:
 
 
 def removable(
-    root: str, manifest: Manifest, desired, unit_dir: str, header: str = DEFAULT_HEADER
+    root: str, manifest: Manifest, desired, unit_dir: Optional[str], header: str = DEFAULT_HEADER
 ) -> tuple:
     """(files of ``manifest`` that may be removed, [Kept]) for a run that wants ``desired``.
 
     A listed file no longer desired is removable only when it is in ``unit_dir`` (unit, slice
     or numafleet drop-in name), is a regular file reached without a link, and its sha256 equals
     the one recorded (version 1 manifests: it starts with ``header``). Absent files need
-    nothing and are in neither list. Raises UnitFileError when a listed file cannot be read.
+    nothing and are in neither list. ``unit_dir`` None skips the directory check (numa_facts,
+    which does not know the unit_dir the roles pass). Raises UnitFileError when a listed file
+    cannot be read.
     """
     ours, kept = [], []
     first = header.rstrip("\n") + "\n" if header.strip() else None
     for path in manifest.files:
         if path in desired:
             continue
-        if not in_unit_dir(path, unit_dir):
+        if unit_dir is not None and not in_unit_dir(path, unit_dir):
             kept.append(Kept(path, f"is not a unit file in unit_dir {unit_dir}", manifest.path))
             continue
         try:

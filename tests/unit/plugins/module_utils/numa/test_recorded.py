@@ -134,3 +134,25 @@ def test_a_linked_plan_file_is_replaced_even_with_the_same_text(tmp_path):
     units.write_files(str(tmp_path / "root"), [change])
     assert not os.path.islink(real) and read_recorded(str(tmp_path / "root"))["state"] == "present"
     assert outside.read_text() == units.plan_record_text(plan)
+
+
+def test_an_edited_or_foreign_listed_file_is_kept_and_never_stopped_by_the_change_plan(tmp_path):
+    """Issue 19: the change plan said `stop` for whatever a manifest listed."""
+    from ansible_collections.numafleet.tuning.plugins.module_utils.numa.changes import change_plan
+
+    edited, custom = UNIT, "/srv/units/numafleet-c.service"
+    put(tmp_path, edited, "[Service]\nExecStart=/bin/edited\n")
+    put(tmp_path, custom, "# Managed by numafleet.tuning\n[Service]\n")
+    put(
+        tmp_path,
+        "/etc/numafleet/manifest.json",
+        units.manifest_text(
+            {edited: "[Service]\n", custom: "# Managed by numafleet.tuning\n[Service]\n"}
+        ),
+    )
+    got = read_recorded(str(tmp_path))
+    assert got["files"][edited] == "kept" and "content changed" in got["kept"][0]
+    assert got["files"][custom] == digest("# Managed by numafleet.tuning\n[Service]\n")
+    plan = {"version": 1, "host": "h", "placements": [], "mps_daemons": []}
+    result = change_plan("h", plan, plan, {}, {}, got["files"], allow_removals=True)
+    assert result["units"]["stop"] == ["numafleet-c.service"]  # a custom unit_dir still counts
