@@ -830,12 +830,22 @@ ansible_facts:
         files:
           description:
             - Every file the manifests list, and each manifest, as on the host, mapped to the
-              sha256 hex digest of its content, V(null) when absent, or V(link), V(other),
-              V(unreadable).
+              sha256 hex digest of its content, V(null) when absent, or V(other) (a symbolic
+              link, or reached through one, or no regular file), V(unreadable), or V(kept).
+            - V(kept) marks a file the apply modules will not remove as theirs (a link, or content
+              changed since numafleet wrote it); see
+              RV(ansible_facts.numafleet_recorded.kept).
           type: dict
           sample: {/etc/systemd/system/numafleet-embed.service: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08}
         manifest_errors:
-          description: Manifests that could not be read or parsed, with the reason.
+          description: Manifests that could not be read or parsed (or are links), with the reason.
+          type: list
+          elements: str
+          sample: []
+        kept:
+          description:
+            - One message per file a manifest lists that numafleet will not stop or remove,
+              with the reason; the change plan leaves these files out of its stops and removals.
           type: list
           elements: str
           sample: []

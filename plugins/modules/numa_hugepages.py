@@ -150,6 +150,16 @@ requirements:
   - Root on the target (sysfs pool files are writable by root only).
   - C(/usr/bin/python3) on the target for the boot program.
 notes:
+  - Files below O(root) are read, written and removed without following a symbolic link in any
+    directory of their path (a linked directory fails the task naming it); a link at a file
+    itself is replaced by the file, never written through. Directories made get mode C(0755) and
+    files C(0644) (programs C(0755)) whatever the umask; writes are atomic (temporary file,
+    fsync, rename).
+  - Outside check mode the module holds the per-host lock C(/run/numafleet/apply.lock) (below
+    O(root); C(flock), the holder's PID written in it) from its first read of the host's files to
+    its last write. A second run waits up to 120 seconds, then fails naming the lock and the PID.
+    Check mode takes no lock; it only reads, and every file is replaced in one rename, so it sees
+    each file whole. A O(root) that does not exist yet is not locked.
   - A pool kept above its desired total because its pages are in use is shrunk by the next run
     after the services holding them stopped. At boot the program writes the desired totals.
   - The boot program writes the totals at every boot; pools of a managed size set by other means
@@ -389,9 +399,11 @@ handler_mount_stop:
   sample: ["mnt-huge\\x2d2m.mount"]
 """
 
+from contextlib import ExitStack, nullcontext
+
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.numafleet.tuning.plugins.module_utils.numa import hugepages
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import files, hugepages
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import NumaTuneError
 
 
@@ -430,8 +442,12 @@ def main() -> None:
         ),
         supports_check_mode=True,
     )
-    params = module.params
+    params, stack = module.params, ExitStack()
     try:
+        # Held from the first read of the host's files to the last write (not in check mode).
+        stack.enter_context(
+            files.host_lock(params["root"]) if not module.check_mode else nullcontext()
+        )
         plan = hugepages.plan_hugepages(
             pools=params["pools"],
             sysfs_root=params["sysfs_root"],
@@ -446,6 +462,8 @@ def main() -> None:
             hugepages.apply_hugepages(plan)
     except NumaTuneError as exc:
         module.fail_json(msg=str(exc))
+    finally:
+        stack.close()  # the lock goes with the last write, or with a failure
     result = plan.as_result(module.check_mode, module._diff)
     for warning in result.pop("warnings"):
         module.warn(warning)

@@ -137,6 +137,16 @@ requirements:
   - C(systemctl) on the target when O(service_manager=systemd) and numad or irqbalance has to be
     acted on.
 notes:
+  - Files below O(root) are read, written and removed without following a symbolic link in any
+    directory of their path (a linked directory fails the task naming it); a link at a file
+    itself is replaced by the file, never written through. Directories made get mode C(0755) and
+    files C(0644) (programs C(0755)) whatever the umask; writes are atomic (temporary file,
+    fsync, rename).
+  - Outside check mode the module holds the per-host lock C(/run/numafleet/apply.lock) (below
+    O(root); C(flock), the holder's PID written in it) from its first read of the host's files to
+    its last write. A second run waits up to 120 seconds, then fails naming the lock and the PID.
+    Check mode takes no lock; it only reads, and every file is replaced in one rename, so it sees
+    each file whole. A O(root) that does not exist yet is not locked.
   - Writing C(/proc/sys), C(/sys/kernel/mm) and C(/proc/irq) needs root; in a container they must
     be mounted writable.
   - irqbalance reads C(IRQBALANCE_BANNED_CPULIST) from version 1.8.0 on. An active
@@ -281,9 +291,11 @@ ran:
   sample: [systemctl try-restart irqbalance.service]
 """
 
+from contextlib import ExitStack, nullcontext
+
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.numafleet.tuning.plugins.module_utils.numa import kernel
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import files, kernel
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import NumaTuneError
 
 ENVIRON = {"LC_ALL": "C", "LANG": "C"}
@@ -317,9 +329,13 @@ def main() -> None:
         ),
         supports_check_mode=True,
     )
-    params, ran = module.params, []
+    params, ran, stack = module.params, [], ExitStack()
     systemd = params["service_manager"] == "systemd"
     try:
+        # Held from the first read of the host's files to the last write (not in check mode).
+        stack.enter_context(
+            files.host_lock(params["root"]) if not module.check_mode else nullcontext()
+        )
         desired = kernel.parse_options(params)
         state = kernel.read_state(
             desired, params["sysfs_root"], params["procfs_root"], params["root"]
@@ -347,6 +363,8 @@ def main() -> None:
                 ran.append(line)
     except NumaTuneError as exc:
         module.fail_json(msg=str(exc), ran=ran)
+    finally:
+        stack.close()  # the lock goes with the last write, or with a failure
     for warning in warnings:
         module.warn(warning)
     result = dict(

@@ -168,6 +168,18 @@ attributes:
 requirements:
   - nvidia-ml-py (C(import pynvml)) on the target, or C(nvidia-smi).
 notes:
+  - Files below O(root) are read, written and removed without following a symbolic link in any
+    directory of their path (a linked directory fails the task naming it); a link at a file
+    itself is replaced by the file, never written through. Directories made get mode C(0755) and
+    files C(0644) (programs C(0755)) whatever the umask; writes are atomic (temporary file,
+    fsync, rename).
+  - Outside check mode the module holds the per-host lock C(/run/numafleet/apply.lock) (below
+    O(root); C(flock), the holder's PID written in it) from its first read of the host's files to
+    its last write. A second run waits up to 120 seconds, then fails naming the lock and the PID.
+    Check mode takes no lock; it only reads, and every file is replaced in one rename, so it sees
+    each file whole. A O(root) that does not exist yet is not locked.
+  - A O(state_path) that is not a numafleet MIG state (not JSON, another format or version) fails
+    the task naming the file and the fix; it is never rewritten silently.
   - MIG instances do not survive a reboot; enable C(numafleet-mig.service) so that the boot program
     re-creates them.
   - A mode change on Ampere GPUs needs a GPU reset (or a reboot); Hopper and newer apply it in place.
@@ -340,6 +352,26 @@ ran:
   type: list
   elements: str
   sample: ["systemctl stop numafleet-llm.service"]
+kept:
+  description:
+    - The mig-parted config path an earlier run recorded in O(state_path) when that file is no
+      longer the config numafleet wrote (header and config name differ). It is kept, not
+      removed, with the reason. Each is also a warning.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    path:
+      description: The file, as on the host.
+      returned: always
+      type: str
+      sample: /etc/numafleet/old-mig-parted.yaml
+    reason:
+      description: Why it is kept.
+      returned: always
+      type: str
+      sample: recorded in /etc/numafleet/mig.json as the mig-parted config of an earlier run, but it is not a config numafleet wrote
+  sample: []
 files:
   description:
     - The files written (or to write) and their state (create, update, remove, unchanged).
@@ -373,10 +405,11 @@ gpu_changed:
 """
 
 import functools
+from contextlib import nullcontext
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.numafleet.tuning.plugins.module_utils.numa import mig, mig_nvml
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import files, mig, mig_nvml
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import (
     NumaTuneError,
 )
@@ -418,9 +451,13 @@ def main() -> None:
     params = dict(module.params)
     run = functools.partial(module.run_command, environ_update={"LC_ALL": "C", "LANG": "C"})
     try:
-        result = mig_nvml.run(params, module.check_mode, run, module.get_bin_path, load_pynvml)
+        # Held from the first read of the host to the last write (not in check mode).
+        with files.host_lock(params["root"]) if not module.check_mode else nullcontext():
+            result = mig_nvml.run(params, module.check_mode, run, module.get_bin_path, load_pynvml)
     except NumaTuneError as exc:
         module.fail_json(msg=str(exc))
+    for item in result["kept"]:
+        module.warn(f"{item['path']}: {item['reason']}")
     if not module._diff:
         result.pop("diff")
     module.exit_json(**result)

@@ -116,6 +116,23 @@ requirements:
   - C(systemctl) and C(nvidia-cuda-mps-control) on the target when O(service_manager=systemd)
     and a daemon has to be removed or is active.
 notes:
+  - Files below O(root) are read, written and removed without following a symbolic link in any
+    directory of their path (a linked directory fails the task naming it); a link at a file
+    itself is replaced by the file, never written through. Directories made get mode C(0755) and
+    files C(0644) (programs C(0755)) whatever the umask; writes are atomic (temporary file,
+    fsync, rename).
+  - Outside check mode the module holds the per-host lock C(/run/numafleet/apply.lock) (below
+    O(root); C(flock), the holder's PID written in it) from its first read of the host's files to
+    its last write. A second run waits up to 120 seconds, then fails naming the lock and the PID.
+    Check mode takes no lock; it only reads, and every file is replaced in one rename, so it sees
+    each file whole. A O(root) that does not exist yet is not locked.
+  - Only files this module wrote are disabled and removed. The manifest (version 2) records the
+    sha256 of every file written. A listed file that is no longer planned is removed only when it
+    is in O(unit_dir) with a unit, slice or C(50-numafleet.conf) drop-in name, is a regular file
+    and still has the recorded sha256; a version 1 manifest (no sha256) is trusted only for
+    files that start with O(header). Any other listed file (a vendor or admin unit, a path
+    outside O(unit_dir), a file edited since it was written, a link) is kept, not disabled,
+    reported in RV(kept) and as a warning (in check mode too), and left out of the next manifest.
   - MPS clients of the plan get C(Requires=) and C(After=) on their daemon from
     M(numafleet.tuning.pinned_units), so restarting a daemon restarts its clients.
   - The daemon's pipe directory is mode C(0700) and owned by its C(User=); clients must run as
@@ -311,6 +328,26 @@ would_run:
   type: list
   elements: str
   sample: [systemctl daemon-reload, "systemctl enable --now nvidia-mps@GPU-fdb5df64-11ce-5c72-a560-9702875cecd6.service"]
+kept:
+  description:
+    - Files the manifest lists that are not disabled or removed because numafleet did not write
+      them as they are now (outside O(unit_dir), content changed since written, a link), with
+      the reason. Each is also a warning.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    path:
+      description: The file, as on the host.
+      returned: always
+      type: str
+      sample: /usr/lib/systemd/system/sshd.service
+    reason:
+      description: Why it is kept.
+      returned: always
+      type: str
+      sample: is not a unit file in unit_dir /etc/systemd/system
+  sample: []
 ran:
   description: The commands the module ran (C(systemctl disable --now) and live settings).
   returned: always
@@ -369,9 +406,11 @@ handler_start:
   sample: [nvidia-mps@GPU-fdb5df64-11ce-5c72-a560-9702875cecd6.service]
 """
 
+from contextlib import ExitStack, nullcontext
+
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.numafleet.tuning.plugins.module_utils.numa import mps, units
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import files, mps, units
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import NumaTuneError
 
 
@@ -393,7 +432,7 @@ def main() -> None:
     root, systemd = params["root"], params["service_manager"] == "systemd"
     control = params["nvidia_cuda_mps_control"]
     env = {"LC_ALL": "C", "LANG": "C"}
-    ran, settings, live = [], [], False
+    ran, settings, live, kept, stack = [], [], False, [], ExitStack()
 
     def runner(argv, stdin, environ):
         return module.run_command(
@@ -407,10 +446,13 @@ def main() -> None:
         desired = mps.render_files(
             daemons, params["header"], unit_dir, control, params["nvidia_smi"]
         )
+        # Held from the first read of the host's files to the last write (not in check mode).
+        stack.enter_context(files.host_lock(root) if not module.check_mode else nullcontext())
         manifest = units.read_manifest(root, manifest_path)
         mps.check_manifest_owner(manifest_path, manifest.files)
-        current = units.read_files(root, set(desired) | set(manifest.files))
-        changes = units.plan_changes(current, desired, list(manifest.files))
+        owned, kept = units.removable(root, manifest, desired, unit_dir, params["header"])
+        current = units.read_files(root, set(desired) | set(owned))
+        changes = units.plan_changes(current, desired, owned)
         manifest_change = units.plan_manifest(manifest, desired)
         actions = mps.plan_actions(changes, daemons)
         systemctl = module.get_bin_path("systemctl", required=True) if systemd else None
@@ -433,8 +475,10 @@ def main() -> None:
             units.write_manifest(root, manifest_change)
     except NumaTuneError as exc:
         module.fail_json(msg=str(exc), ran=ran)
+    finally:
+        stack.close()  # the lock goes with the last write, or with a failure
 
-    for warning in warnings:
+    for warning in warnings + [item.message() for item in kept]:
         module.warn(warning)
     every = changes + ([manifest_change] if manifest_change else [])
     handlers = systemd and not module.check_mode
@@ -448,6 +492,7 @@ def main() -> None:
         ran=ran,
         settings=settings,
         skipped=warnings,
+        kept=[item.as_dict() for item in kept],
         handler_restart=list(actions.restart) if handlers else [],
         handler_start=list(actions.start) if handlers else [],
     )

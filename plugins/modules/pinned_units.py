@@ -125,6 +125,23 @@ attributes:
 requirements:
   - C(systemctl) on the target when O(service_manager=systemd) and a unit has to be removed.
 notes:
+  - Files below O(root) are read, written and removed without following a symbolic link in any
+    directory of their path (a linked directory fails the task naming it); a link at a file
+    itself is replaced by the file, never written through. Directories made get mode C(0755) and
+    files C(0644) (programs C(0755)) whatever the umask; writes are atomic (temporary file,
+    fsync, rename).
+  - Outside check mode the module holds the per-host lock C(/run/numafleet/apply.lock) (below
+    O(root); C(flock), the holder's PID written in it) from its first read of the host's files to
+    its last write. A second run waits up to 120 seconds, then fails naming the lock and the PID.
+    Check mode takes no lock; it only reads, and every file is replaced in one rename, so it sees
+    each file whole. A O(root) that does not exist yet is not locked.
+  - Only files this module wrote are disabled and removed. The manifest (version 2) records the
+    sha256 of every file written. A listed file that is no longer planned is removed only when it
+    is in O(unit_dir) with a unit, slice or C(50-numafleet.conf) drop-in name, is a regular file
+    and still has the recorded sha256; a version 1 manifest (no sha256) is trusted only for
+    files that start with O(header). Any other listed file (a vendor or admin unit, a path
+    outside O(unit_dir), a file edited since it was written, a link) is kept, not disabled,
+    reported in RV(kept) and as a warning (in check mode too), and left out of the next manifest.
   - Changes of C(AllowedCPUs=) and the other pinning settings take effect when systemd has reloaded
     its configuration and the service has been restarted; the module does neither (see RV(would_run)).
   - With O(root) other than C(/), use O(service_manager=none); C(systemctl) acts on the running host.
@@ -271,6 +288,26 @@ would_run:
   type: list
   elements: str
   sample: [systemctl daemon-reload, systemctl enable --now numafleet-llm-70b.service]
+kept:
+  description:
+    - Files the manifest lists that are not disabled or removed because numafleet did not write
+      them as they are now (outside O(unit_dir), content changed since written, a link), with
+      the reason. Each is also a warning.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    path:
+      description: The file, as on the host.
+      returned: always
+      type: str
+      sample: /usr/lib/systemd/system/sshd.service
+    reason:
+      description: Why it is kept.
+      returned: always
+      type: str
+      sample: is not a unit file in unit_dir /etc/systemd/system
+  sample: []
 ran:
   description: The commands the module ran (only C(systemctl disable --now) of removed services).
   returned: always
@@ -305,9 +342,11 @@ handler_start:
   sample: [numafleet-llm-70b.service]
 """
 
+from contextlib import ExitStack, nullcontext
+
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.numafleet.tuning.plugins.module_utils.numa import units
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import files, units
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import NumaTuneError
 
 
@@ -327,18 +366,21 @@ def main() -> None:
     )
     params = module.params
     root, systemd = params["root"], params["service_manager"] == "systemd"
-    ran = []
+    ran, kept, stack = [], [], ExitStack()
     try:
         unit_dir = units.check_host_path("unit_dir", params["unit_dir"])
         manifest_path = units.check_host_path("manifest_path", params["manifest_path"])
         desired = units.render_files(
             params["plan"], params["header"], params["hardening"], unit_dir
         )
-        manifest = units.read_manifest(root, manifest_path)
-        current = units.read_files(root, set(desired) | set(manifest.files))
-        changes = units.plan_changes(current, desired, list(manifest.files))
-        manifest_change = units.plan_manifest(manifest, desired)
         plan_path = units.check_host_path("plan_path", params["plan_path"])
+        # Held from the first read of the host's files to the last write (not in check mode).
+        stack.enter_context(files.host_lock(root) if not module.check_mode else nullcontext())
+        manifest = units.read_manifest(root, manifest_path)
+        owned, kept = units.removable(root, manifest, desired, unit_dir, params["header"])
+        current = units.read_files(root, set(desired) | set(owned))
+        changes = units.plan_changes(current, desired, owned)
+        manifest_change = units.plan_manifest(manifest, desired)
         plan_change = units.plan_record_change(root, plan_path, params["plan"])
         if plan_change.state == "create" and not desired and not manifest.files:
             plan_change = None  # nothing planned, nothing written before: nothing to record
@@ -365,7 +407,11 @@ def main() -> None:
                 units.write_files(root, [plan_change])
     except NumaTuneError as exc:
         module.fail_json(msg=str(exc), ran=ran)
+    finally:
+        stack.close()  # the lock goes with the last write, or with a failure
 
+    for item in kept:
+        module.warn(item.message())
     every = [change for change in changes + [manifest_change, plan_change] if change is not None]
     handlers = systemd and not module.check_mode
     result = dict(
@@ -376,6 +422,7 @@ def main() -> None:
         reload_needed=actions.reload_needed,
         would_run=actions.would_run(),
         ran=ran,
+        kept=[item.as_dict() for item in kept],
         handler_restart=list(actions.restart) if handlers else [],
         handler_try_restart=list(actions.try_restart) if handlers else [],
         handler_start=list(actions.start) if handlers else [],

@@ -93,6 +93,12 @@ def ansible_playbook(playbook, inventory, *args, env=None) -> Run:
     return Run(proc.returncode, doc, proc.stdout, proc.stderr, seconds)
 
 
+def _lock(rel: str) -> bool:
+    """The per-host lock of the writing modules (run/numafleet/apply.lock, PID inside): made by
+    every run that may write, so trees compare without it."""
+    return rel in ("run", "run/numafleet") or rel.startswith("run/numafleet/")
+
+
 def tree_digest(root: Path) -> str:
     """sha256 over every path, file mode and file content below ``root`` ("absent" if missing)."""
     root = Path(root)
@@ -101,6 +107,8 @@ def tree_digest(root: Path) -> str:
     digest = hashlib.sha256()
     for path in sorted(root.rglob("*")):
         rel = path.relative_to(root).as_posix()
+        if _lock(rel):
+            continue
         stat = path.lstat()
         digest.update(f"{rel}\0{stat.st_mode:o}\0".encode())
         if path.is_file() and not path.is_symlink():
@@ -115,5 +123,5 @@ def read_tree(root: Path) -> dict:
     return {
         path.relative_to(root).as_posix(): path.read_text()
         for path in sorted(root.rglob("*"))
-        if path.is_file()
+        if path.is_file() and not _lock(path.relative_to(root).as_posix())
     }

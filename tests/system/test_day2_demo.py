@@ -125,6 +125,7 @@ def test_resizing_one_placement_moves_and_restarts_only_it(edited):
     after = read_tree(edited.root())
     changed = sorted(path for path in after if after[path] != before.get(path))
     assert changed == [
+        "etc/numafleet/manifest.json",  # records each file's sha256 (manifest version 2)
         "etc/numafleet/plan.json",
         f"{UNITS}/numafleet-rerank-b.service",
         f"{UNITS}/numafleet-team\\x2db.slice",  # the tenant slice's CPUs (no restart)
@@ -174,6 +175,8 @@ def test_restart_never_writes_and_restarts_nothing(edited):
     ]
     after = read_tree(edited.root())
     assert sorted(p for p in after if after[p] != before.get(p)) == [
+        "etc/numafleet/manifest.json",  # the manifests record each file's sha256 (version 2)
+        "etc/numafleet/mps-units.json",
         "etc/numafleet/plan.json",
         f"{UNITS}/numafleet-rerank-a.service",
         f"{UNITS}/{MPS_DAEMON}.d/50-numafleet.conf",

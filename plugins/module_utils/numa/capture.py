@@ -91,7 +91,12 @@ def write_capture(entries: list, dest: str, prefix: str) -> int:
     stored = 0
     now = int(time.time())
     try:
-        with tarfile.open(dest, "w:gz") as archive:
+        # Never through a link at dest; mode 0644 whatever the umask.
+        fd = os.open(
+            dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+        )
+        os.fchmod(fd, 0o644)
+        with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz") as archive:
             for kind, name, target in entries:
                 info = tarfile.TarInfo(f"{prefix}/{name}")
                 info.mtime = now

@@ -167,7 +167,9 @@ def change_plan(
     owned = [
         path
         for path in recorded_files
-        if path not in MANIFEST_PATHS and unit_of(path).endswith((".service", ".slice"))
+        if path not in MANIFEST_PATHS
+        and unit_of(path).endswith((".service", ".slice"))
+        and recorded_files[path] != "kept"  # not ours any more: never stopped or removed
     ]
     owned_mps = [p for p in owned if unit_of(p).startswith("nvidia-mps@")]
     owned_units = [p for p in owned if p not in owned_mps]

@@ -15,6 +15,7 @@ from typing import Optional
 
 from . import pci
 from .errors import SnapshotError
+from .files import write_file
 from .gpu import (
     SNAPSHOT_FORMAT,
     SNAPSHOT_VERSION,
@@ -247,22 +248,23 @@ def read_snapshot(path: str) -> GpuState:
 
 
 def write_snapshot(path: str, state: GpuState) -> None:
-    """Write ``state`` as a snapshot file at ``path`` (atomically); raises SnapshotError."""
+    """Write ``state`` as a snapshot file at ``path`` (atomically, mode 0644); raises SnapshotError.
+
+    The directory of ``path`` is the user's choice and must exist; the file is made with a
+    random temporary name (O_EXCL, never through a link), fsynced, and renamed over ``path``
+    (a link there is replaced, not followed): files.write_file.
+    """
     text = json.dumps(as_snapshot(state), indent=2, sort_keys=True) + "\n"
     directory, name = os.path.split(os.path.abspath(path))
-    scratch = os.path.join(directory, f".{name}.{os.getpid()}.tmp")
-    try:
-        with open(scratch, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(scratch, path)
-    except OSError as exc:
-        try:
-            os.unlink(scratch)
-        except OSError:
-            pass
-        raise SnapshotError(
+
+    def fail(where: str, reason: str) -> SnapshotError:
+        return SnapshotError(
             path,
-            f"cannot be written ({exc.strerror or exc})",
+            f"cannot be written ({reason})",
             fix=f"Make sure the directory of snapshot_out ({directory}) exists and is writable "
             "on the host, and that snapshot_out is not itself a directory.",
-        ) from None
+        )
+
+    if not os.path.isdir(directory):
+        raise fail(directory, "No such file or directory")
+    write_file(directory, name, text, 0o644, fail)

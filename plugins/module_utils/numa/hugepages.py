@@ -20,8 +20,8 @@ import stat
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from . import files
 from .errors import NumaTuneError, UnitRenderError
-from .files import write_atomic
 from .sysfs import Reader
 from .units import FileChange, under_root
 from .units import escape_path as unit_path_value
@@ -867,28 +867,32 @@ def render_grub(args: list) -> str:
     )
 
 
-def _read_file(root: str, path: str) -> tuple:
-    """(text or None when absent, permission bits or None) of ``path`` below ``root``."""
-    real = under_root(root, path)
-    if not os.path.lexists(real):
+def _fail_read(path: str, reason: str) -> HugepageError:
+    if "symbolic link" in reason:
+        return HugepageError(f"{path}: {reason}")
+    if "regular file" in reason:
+        return HugepageError(
+            f"{path}: is not a regular file. Move it away; numafleet writes a file here"
+        )
+    return HugepageError(f"{path}: {reason}. Check its permissions")
+
+
+def _read_file(root: str, path: str, link_as_absent: bool = True) -> tuple:
+    """(text or None when absent, permission bits or None) of ``path`` below ``root``.
+
+    Nothing is read through a link (files.read_file): a link at a managed file reads as absent
+    and is replaced by the write; a linked parent directory is refused.
+    """
+    data = files.read_file(root, path, _fail_read, link_as_absent)
+    if data is None:
         return None, None
-    try:
-        info = os.lstat(real)
-        if not stat.S_ISREG(info.st_mode):
-            raise HugepageError(
-                f"{real}: is not a regular file. Move it away; numafleet writes a file here"
-            )
-        with open(real, encoding="utf-8", errors="replace") as handle:
-            return handle.read(), stat.S_IMODE(info.st_mode)
-    except OSError as exc:
-        raise HugepageError(
-            f"{real}: {exc.strerror or 'cannot be read'}. Check its permissions"
-        ) from None
+    info = files.lstat_file(root, path, _fail_read)
+    return data.decode("utf-8", errors="replace"), stat.S_IMODE(info.st_mode) if info else None
 
 
 def read_state(root: str) -> tuple:
     """(State, text) of the state file under root, (None, None) if absent; raises HugepageError."""
-    text, dummy = _read_file(root, STATE_PATH)
+    text, dummy = _read_file(root, STATE_PATH, link_as_absent=False)
     if text is None:
         return None, None
     return parse_state(text, under_root(root, STATE_PATH)), text
@@ -909,31 +913,25 @@ def file_mode(path: str) -> int:
     return PROGRAM_MODE if path == PROGRAM_PATH else FILE_MODE
 
 
-def _write_atomic(real: str, text: str, mode: int) -> None:
-    fix = "Check that the directory is writable, or set root to one that is"
-    write_atomic(
-        real, text, mode, lambda path, reason: HugepageError(f"{path}: {reason}. {fix}"), DIR_MODE
+def _fail_write(path: str, reason: str) -> HugepageError:
+    return HugepageError(
+        f"{path}: {reason}. Check that the directory is writable, or set root to one that is"
     )
 
 
 def write_files(root: str, changes: list) -> None:
     """Apply file changes below ``root``: atomic writes with their modes, removals.
 
-    Raises HugepageError.
+    Nothing is written or removed through a link, and directories made get mode 0755 whatever
+    the umask (files.py). Raises HugepageError.
     """
     for change in changes:
-        real = under_root(root, change.path)
         if change.state in ("create", "update"):
-            _write_atomic(real, change.after or "", file_mode(change.path))
+            files.write_file(
+                root, change.path, change.after or "", file_mode(change.path), _fail_write, DIR_MODE
+            )
         elif change.state == "remove":
-            try:
-                os.unlink(real)
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                raise HugepageError(
-                    f"{real}: {exc.strerror or 'cannot be removed'}. Check its permissions"
-                ) from None
+            files.remove_file(root, change.path, _fail_write)
 
 
 # --- the whole change --------------------------------------------------------------------------
@@ -1160,7 +1158,7 @@ def plan_hugepages(
     )
 
     files: list = []
-    mount_units = _mount_changes(root, wanted_mounts, previous.mounts)
+    mount_units = _mount_changes(root, wanted_mounts, previous.mounts, warnings)
     files.extend(change for dummy, change in mount_units)
     persist = state is not None or bool(next_managed) or bool(args) or bool(wanted_mounts)
     if persist:
@@ -1194,11 +1192,13 @@ def plan_hugepages(
     )
 
 
-def _mount_changes(root: str, wanted: tuple, previous: tuple) -> list:
+def _mount_changes(root: str, wanted: tuple, previous: tuple, warnings: list) -> list:
     """[(unit, FileChange)]: the wanted mount units, and the earlier run's ones no longer wanted.
 
     A unit file that is there, was not written by an earlier run and lacks the numafleet header
-    is somebody else's: raises HugepageError rather than overwrite it.
+    is somebody else's: raises HugepageError rather than overwrite it. A unit the state file
+    lists as ours that lacks the header is kept (not stopped, not removed) with a warning
+    appended to ``warnings``: the state file may have been edited.
     """
     out = []
     for mount in wanted:
@@ -1218,7 +1218,13 @@ def _mount_changes(root: str, wanted: tuple, previous: tuple) -> list:
     for unit in previous:
         if unit not in wanted_units:
             change = _file_change(root, f"{MOUNT_UNIT_DIR}/{unit}", None, FILE_MODE)
-            if change is not None:
+            if change is not None and not (change.before or "").startswith(HEADER):
+                warnings.append(
+                    f"{under_root(root, change.path)}: listed in {STATE_PATH} as a mount unit "
+                    "numafleet wrote, but it lacks the numafleet header; it is kept (not stopped, "
+                    "not removed). Remove it by hand if it is no longer wanted"
+                )
+            elif change is not None:
                 out.append((unit, change))
     return out
 

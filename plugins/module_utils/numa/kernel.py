@@ -26,9 +26,9 @@ import stat
 from dataclasses import dataclass
 from typing import Optional
 
+from . import files as fs
 from .cpulist import format_cpulist, parse_cpulist
 from .errors import CpulistError, NumaTuneError
-from .files import write_atomic
 from .sysfs import Reader, parse_int
 from .topology import parse_selected
 
@@ -318,21 +318,20 @@ def _read(path: str) -> Optional[str]:
     return raw.decode("utf-8", errors="replace").replace("\0", "").strip()
 
 
-def _read_file(root: str, path: str) -> Optional[str]:
-    real = under_root(root, path)
-    if os.path.lexists(real) and not os.path.isfile(real):
-        raise KernelSettingError(
-            f"{real} is not a regular file; move it away, numa_kernel writes a file there"
+def _fail_read(path: str, reason: str) -> KernelSettingError:
+    if "regular file" in reason:
+        return KernelSettingError(
+            f"{path} is not a regular file; move it away, numa_kernel writes a file there"
         )
-    try:
-        with open(real, encoding="utf-8", errors="replace") as handle:
-            return handle.read()
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise KernelSettingError(
-            f"{real}: {exc.strerror or 'cannot be read'}; check its permissions"
-        ) from None
+    if "symbolic link" in reason:
+        return KernelSettingError(f"{path}: {reason}")
+    return KernelSettingError(f"{path}: {reason}; check its permissions")
+
+
+def _read_file(root: str, path: str) -> Optional[str]:
+    """Text of ``path`` below ``root``, None when absent; no component followed through a link
+    (a link at the file itself reads as absent and is replaced by the write)."""
+    return fs.read_text(root, path, _fail_read, link_as_absent=True)
 
 
 def selector_choices(text: str) -> tuple:
@@ -937,31 +936,22 @@ def _emulate_selector(write: RuntimeWrite, text: str) -> str:
     return shown
 
 
-def _write_atomic(real: str, text: str) -> None:
-    fix = "check that the directory is writable, or set root to one that is"
-    write_atomic(
-        real,
-        text,
-        FILE_MODE,
-        lambda path, reason: KernelSettingError(f"{path}: {reason}; {fix}"),
-        DIR_MODE,
+def _fail_write(path: str, reason: str) -> KernelSettingError:
+    return KernelSettingError(
+        f"{path}: {reason}; check that the directory is writable, or set root to one that is"
     )
 
 
 def write_files(root: str, changes) -> None:
-    """Apply file changes below ``root``: atomic writes (mode 0644) and mask links; raises KernelSettingError."""
+    """Apply file changes below ``root``: atomic writes (mode 0644) and mask links.
+
+    Nothing is written through a link, and directories made get mode 0755 whatever the umask
+    (files.py). Raises KernelSettingError.
+    """
     for change in changes:
         if change.state not in ("create", "update"):
             continue
-        real = under_root(root, change.path)
-        if not change.link:
-            _write_atomic(real, change.after or "")
-            continue
-        try:
-            os.makedirs(os.path.dirname(real), mode=DIR_MODE, exist_ok=True)
-            os.symlink(change.after, real)
-        except OSError as exc:
-            raise KernelSettingError(
-                f"{real}: {exc.strerror or 'cannot be linked'}; check that the directory is "
-                "writable"
-            ) from None
+        if change.link:
+            fs.write_link(root, change.path, change.after, _fail_write, DIR_MODE)
+        else:
+            fs.write_file(root, change.path, change.after or "", FILE_MODE, _fail_write, DIR_MODE)

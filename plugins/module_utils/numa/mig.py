@@ -1232,14 +1232,40 @@ def state_text(outcome: Outcome, mig_parted_path: Optional[str] = None) -> str:
     return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 
-def recorded_parted_path(text: Optional[str]) -> Optional[str]:
-    """The mig-parted config path an earlier run recorded in the state file text, or None."""
-    try:
-        data = json.loads(text) if text else None
-    except ValueError:
+def recorded_parted_path(text: Optional[str], path: str = DEFAULT_STATE_PATH) -> Optional[str]:
+    """The mig-parted config path an earlier run recorded in the state file text, or None.
+
+    None too when there is no state file (``text`` None). Raises MigError, naming ``path`` and
+    the fix, when the state file is not a numafleet MIG state (not JSON, another format or
+    version): it is never silently rewritten, as the hugepages state and the manifests are not.
+    """
+    if text is None:
         return None
-    path = data.get("mig_parted_config") if isinstance(data, dict) else None
-    return path if isinstance(path, str) and path.startswith("/") else None
+    fix = (
+        "the MIG state file of numafleet.tuning is damaged. Restore it from the last run, or "
+        "remove it and run again (a mig-parted config an earlier run wrote at another path is "
+        "then no longer removed; remove it by hand)"
+    )
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise MigError(f"{path}: is not JSON ({exc}); {fix}") from None
+    if (
+        not isinstance(data, dict)
+        or data.get("format") != STATE_FORMAT
+        or data.get("version") != STATE_VERSION
+        or not isinstance(data.get("gpus", []), list)
+    ):
+        raise MigError(f"{path}: is not a {STATE_FORMAT} version {STATE_VERSION} file; {fix}")
+    found = data.get("mig_parted_config")
+    if found is not None and not isinstance(found, str):
+        raise MigError(f"{path}: mig_parted_config is {found!r}, not a path; {fix}")
+    return found if found and found.startswith("/") else None
+
+
+def is_our_parted_config(text: str, header: str = "# Managed by numafleet.tuning") -> bool:
+    """Whether ``text`` is a mig-parted config this module wrote (header and config name)."""
+    return text.startswith(f"{header}\nversion: v1\nmig-configs:\n  numafleet:\n")
 
 
 def mig_parted_text(outcome: Outcome, header: str) -> str:

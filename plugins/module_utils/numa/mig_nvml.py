@@ -14,6 +14,7 @@ from typing import Optional
 
 from . import gpu as gpumod
 from .errors import MigBackendError, MigError
+from .files import read_text
 from .mig import (
     CI_PROFILE_IDS,
     CREATE_CI,
@@ -30,12 +31,13 @@ from .mig import (
     Profile,
     converge,
     desired_files,
+    is_our_parted_config,
     parse_request,
     recorded_parted_path,
     smi_command,
     unit_text,
 )
-from .units import check_host_path, plan_changes, read_files, write_files
+from .units import check_host_path, plan_changes, read_files, under_root, write_files
 
 _ANY_INSTANCE = 0xFFFFFFFF
 _CI_SLICES = {value: key for key, value in CI_PROFILE_IDS.items()}
@@ -480,6 +482,10 @@ def _unit_would_run(changes: list, unit_path: str, systemd: bool) -> list:
     return ["systemctl daemon-reload", f"systemctl enable {UNIT_NAME}"]
 
 
+def _fail_state(path: str, reason: str) -> MigError:
+    return MigError(f"{path}: {reason}")
+
+
 def run(params: dict, check_mode: bool, runner, which, load_nvml) -> dict:
     """The nvidia_mig module's result for its ``params``; raises NumaTuneError.
 
@@ -533,7 +539,22 @@ def run(params: dict, check_mode: bool, runner, which, load_nvml) -> dict:
     # earlier run wrote elsewhere (recorded in the state file) is removed too.
     owned = desired_files(outcome, state_path, program_path, unit_dir, parted)
     desired = owned if requests else {}
-    earlier = recorded_parted_path(read_files(root, [state_path]).get(state_path))
+    state_text = read_text(root, state_path, _fail_state)  # a link is refused, never followed
+    earlier = recorded_parted_path(state_text, under_root(root, state_path))
+    kept = []
+    if earlier and earlier not in owned:
+        # Only a file that is still the config this module wrote is removed.
+        text = read_files(root, [earlier])[earlier]
+        if text is not None and not is_our_parted_config(text):
+            kept.append(
+                {
+                    "path": earlier,
+                    "reason": f"recorded in {state_path} as the mig-parted config of an earlier "
+                    "run, but it is not a config numafleet wrote (header and config name "
+                    "differ); it is kept: remove it by hand if it is no longer wanted",
+                }
+            )
+            earlier = None
     paths = set(owned) | ({earlier} if earlier else set())
     changes = plan_changes(read_files(root, paths), desired, sorted(paths))
     unit_path = posixpath.join(unit_dir, UNIT_NAME)
@@ -583,6 +604,7 @@ def run(params: dict, check_mode: bool, runner, which, load_nvml) -> dict:
         "ran": list(outcome.ran) + extra_ran,
         "gpu_changed": bool(outcome.ran) and not check_mode and not render,
         "files": [c.as_dict() for c in changes],
+        "kept": kept,
         "reload_needed": any(c.path == unit_path and c.state != "unchanged" for c in changes),
         "diff": diff,
     }

@@ -16,8 +16,9 @@ import os
 import stat
 from typing import Optional
 
+from . import files
 from .errors import NumaTuneError
-from .units import read_manifest, under_root
+from .units import read_manifest, removable, under_root
 
 PLAN_PATH = "/etc/numafleet/plan.json"
 MANIFEST_PATHS = ("/etc/numafleet/manifest.json", "/etc/numafleet/mps-units.json")
@@ -67,50 +68,63 @@ def _read_plan(real: str) -> tuple:
     return "present", "file", data, None
 
 
-def _file_digest(real: str) -> Optional[str]:
-    """Digest of the file at real as the apply modules read it (a link is followed); None when
-    absent, 'other' when it is no regular file (a directory, a dangling link), 'unreadable'."""
+def _fail(path: str, reason: str) -> NumaTuneError:
+    return NumaTuneError(f"{path}: {reason}")
+
+
+def _file_digest(root: str, path: str) -> Optional[str]:
+    """Digest of the file at path below root as the apply modules read it (no link followed in
+    any component); None when absent, 'other' when it is no regular file (a link, a directory,
+    or a linked parent), 'unreadable'."""
     try:
-        info = os.stat(real)
-    except FileNotFoundError:
-        return "other" if os.path.lexists(real) else None
-    except OSError:
-        return "unreadable"
+        info = files.lstat_file(root, path, _fail)
+    except NumaTuneError:
+        return "other"
+    if info is None:
+        return None
     if not stat.S_ISREG(info.st_mode):
         return "other"
     try:
-        with open(real, "rb") as handle:
-            return hashlib.sha256(handle.read()).hexdigest()
-    except OSError:
+        data = files.read_file(root, path, _fail)
+    except NumaTuneError:
         return "unreadable"
+    return None if data is None else hashlib.sha256(data).hexdigest()
 
 
 def read_recorded(root: str, plan_path: str = PLAN_PATH, manifest_paths=MANIFEST_PATHS) -> dict:
     """ansible_facts.numafleet_recorded below root ("/" = the host itself); never raises for content.
 
     Shape: {"root", "plan_path", "state": absent|present|invalid, "kind": absent|file|link|
-    directory|other, "error": str|None, "plan": dict|None, "files": {host path: sha256 hex (a
-    link followed, as the apply modules read it), None (absent), "other" or "unreadable"} for
-    every file a manifest lists, plus each manifest path itself,
-    "manifest_errors": [str]}. A malformed manifest is named in manifest_errors (the apply
-    modules refuse it with the fix); its files are then unknown.
+    directory|other, "error": str|None, "plan": dict|None, "files": {host path: sha256 hex,
+    None (absent), "other" (a link, or no regular file), "unreadable" or "kept"} for every file
+    a manifest lists, plus each manifest path itself, "manifest_errors": [str], "kept": [str]}.
+    A malformed (or linked) manifest is named in manifest_errors (the apply modules refuse it
+    with the fix); its files are then unknown. A listed file the apply modules would not remove
+    as theirs (outside /etc/systemd/system, a link, content changed since it was written:
+    units.removable) has "kept" as its digest and a message in kept.
     """
     state, kind, plan, error = _read_plan(under_root(root, plan_path))
-    files: dict = {}
-    errors = []
+    found_files: dict = {}
+    errors, kept = [], []
     for manifest in manifest_paths:
-        real = under_root(root, manifest)
-        found = _file_digest(real)
+        found = _file_digest(root, manifest)
         if found is None:
             continue
-        files[manifest] = found
+        found_files[manifest] = found
         try:
-            listed = read_manifest(root, manifest).files  # as pinned_units / nvidia_mps read it
+            listed = read_manifest(root, manifest)  # as pinned_units / nvidia_mps read it
+            # The unit_dir the roles pass is not known here: any directory counts, so that a
+            # custom pinned_services_unit_dir keeps its stops in the change plan (and its
+            # blast-radius guard); the apply module checks the directory too.
+            ours, refused = removable(root, listed, (), None)
         except NumaTuneError as exc:
             errors.append(str(exc))
             continue
-        for path in listed:
-            files[path] = _file_digest(under_root(root, path))
+        for path in listed.files:
+            found_files[path] = _file_digest(root, path)
+        for item in refused:
+            found_files[item.path] = "kept"
+            kept.append(item.message())
     return {
         "root": root,
         "plan_path": plan_path,
@@ -118,6 +132,7 @@ def read_recorded(root: str, plan_path: str = PLAN_PATH, manifest_paths=MANIFEST
         "kind": kind,
         "error": error,
         "plan": plan,
-        "files": dict(sorted(files.items())),
+        "files": dict(sorted(found_files.items())),
         "manifest_errors": errors,
+        "kept": kept,
     }

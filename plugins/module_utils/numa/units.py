@@ -9,17 +9,19 @@ systemd (specifiers ``%``, variables ``$``, quotes, backslashes); any control ch
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import posixpath
 import re
+import stat
 import unicodedata
 from dataclasses import dataclass
 from typing import Optional
 
+from . import files
 from .cpulist import format_cpulist
 from .errors import UnitFileError, UnitRenderError
-from .files import write_atomic
 
 DEFAULT_HEADER = "# Managed by numafleet.tuning"
 DEFAULT_UNIT_DIR = "/etc/systemd/system"
@@ -31,7 +33,7 @@ DEFAULT_PLAN_PATH = "/etc/numafleet/plan.json"
 _UNRECORDED_PLAN_KEYS = ("stability",)
 DROPIN_NAME = "50-numafleet.conf"
 DEFAULT_SLICE = "numafleet.slice"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
 PLAN_VERSION = 1
 FILE_MODE = 0o644
 DIR_MODE = 0o755
@@ -830,22 +832,54 @@ def disable_argv(systemctl: str, timeout: Optional[str], unit: str) -> list[str]
 
 
 # --- manifest ----------------------------------------------------------------------------------
+#
+# Version 2 (since issue 19) records, for every file written, the sha256 of its bytes:
+#   {"version": 2, "files": {host path: sha256 hex}, "units": [unit, ...]}
+# A file listed there that the run no longer wants is removed (and its unit disabled) only when
+# it lies where this module writes (in unit_dir, named as a unit, slice or numafleet drop-in),
+# is a regular file, and its sha256 now equals the recorded one. Version 1 manifests (a plain
+# list of files, no hashes) are still read; their entries are trusted only when the file also
+# starts with the header the module writes now (default "# Managed by numafleet.tuning"),
+# since a version 1 entry says nothing about the content. Anything else is kept, reported in
+# the module's `kept` result and as a warning, and left out of the next manifest.
+
+MANIFEST_VERSIONS = (1, MANIFEST_VERSION)
+
+
+def digest_bytes(data: bytes) -> str:
+    """sha256 hex digest of a file's bytes, as the manifest records them."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def digest_text(text: str) -> str:
+    """sha256 hex digest of the bytes ``write_files`` writes for ``text``."""
+    return digest_bytes(text.encode("utf-8", "surrogateescape"))
 
 
 @dataclass(frozen=True)
 class Manifest:
-    """The manifest on disk: its text (None when absent) and the files it lists."""
+    """The manifest on disk: its text (None when absent), the files it lists, and their digests.
+
+    ``digests`` maps each listed file to the sha256 recorded at write time (None in a version 1
+    manifest, which recorded none).
+    """
 
     path: str
     text: Optional[str]
     files: tuple
+    digests: tuple = ()
+    version: int = MANIFEST_VERSION
+
+    def digest_of(self, path: str) -> Optional[str]:
+        """The recorded sha256 of ``path``, None when none was recorded."""
+        return dict(self.digests).get(path)
 
 
 def manifest_text(desired: dict[str, str]) -> str:
-    """Manifest JSON for ``desired``: version, sorted files and the units they configure."""
+    """Manifest JSON for ``desired``: version, each file with its sha256, and the units."""
     data = {
         "version": MANIFEST_VERSION,
-        "files": sorted(desired),
+        "files": {path: digest_text(text) for path, text in sorted(desired.items())},
         "units": sorted({unit_of(path) for path in desired}),
     }
     return json.dumps(data, indent=2, sort_keys=True) + "\n"
@@ -858,8 +892,11 @@ def _manifest_file_ok(path) -> bool:
     return is_dropin(path) or (name.endswith((".service", ".slice")) and len(name) > 8)
 
 
-def parse_manifest(text: str, path: str) -> tuple:
-    """Sorted files listed by a manifest's text; raises UnitFileError when it is malformed."""
+_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+def parse_manifest_digests(text: str, path: str) -> tuple:
+    """(version, sorted ((file, sha256 or None), ...)) of a manifest's text; raises UnitFileError."""
     fix = (
         "Restore it from the last run, or remove it (the files it listed then stay in place "
         "and are no longer removed when their placement goes)"
@@ -868,17 +905,35 @@ def parse_manifest(text: str, path: str) -> tuple:
         data = json.loads(text)
     except ValueError as exc:
         raise UnitFileError(path, f"is not JSON ({exc})", fix) from None
-    if not isinstance(data, dict) or data.get("version") != MANIFEST_VERSION:
-        raise UnitFileError(path, f"is not a version {MANIFEST_VERSION} numafleet manifest", fix)
-    files = data.get("files")
-    if not isinstance(files, list):
-        raise UnitFileError(path, "has no list of files", fix)
-    for entry in files:
+    version = data.get("version") if isinstance(data, dict) else None
+    if version not in MANIFEST_VERSIONS or isinstance(version, bool):
+        raise UnitFileError(
+            path, f"is not a version {MANIFEST_VERSION} (or 1) numafleet manifest", fix
+        )
+    listed = data.get("files")
+    if version == 1:
+        if not isinstance(listed, list):
+            raise UnitFileError(path, "has no list of files", fix)
+        entries = {entry: None for entry in listed if isinstance(entry, str)}
+        odd = [entry for entry in listed if not isinstance(entry, str)]
+    else:
+        if not isinstance(listed, dict):
+            raise UnitFileError(path, "has no mapping of files to their sha256", fix)
+        entries, odd = dict(listed), []
+        for entry, value in listed.items():
+            if not isinstance(value, str) or not _HEX.fullmatch(value):
+                raise UnitFileError(path, f"records {value!r} for {entry!r}, not a sha256", fix)
+    for entry in odd + list(entries):
         if not _manifest_file_ok(entry):
             raise UnitFileError(
                 path, f"lists {entry!r}, which is not a unit, slice or drop-in path", fix
             )
-    return tuple(sorted(set(files)))
+    return version, tuple(sorted(entries.items()))
+
+
+def parse_manifest(text: str, path: str) -> tuple:
+    """Sorted files listed by a manifest's text; raises UnitFileError when it is malformed."""
+    return tuple(entry for entry, dummy in parse_manifest_digests(text, path)[1])
 
 
 # --- I/O ---------------------------------------------------------------------------------------
@@ -889,21 +944,21 @@ def under_root(root: str, path: str) -> str:
     return os.path.join(root, path.lstrip("/"))
 
 
-def _read_text(root: str, path: str) -> Optional[str]:
-    real = under_root(root, path)
-    if not os.path.lexists(real):
-        return None
-    if not os.path.isfile(real):
-        raise UnitFileError(
-            real, "is not a regular file", "Move it away; numafleet writes a file here"
-        )
-    try:
-        with open(real, encoding="utf-8", errors="replace") as handle:
-            return handle.read()
-    except OSError as exc:
-        raise UnitFileError(
-            real, exc.strerror or "cannot be read", "Check its permissions"
-        ) from None
+def _fail_read(path: str, reason: str) -> UnitFileError:
+    if "symbolic link" in reason:
+        return UnitFileError(path, reason, "Replace the link with what it points at")
+    if "regular file" in reason:
+        return UnitFileError(path, reason, "Move it away; numafleet writes a file here")
+    return UnitFileError(path, reason, "Check its permissions")
+
+
+def _read_text(root: str, path: str, link_as_absent: bool = True) -> Optional[str]:
+    """Text of ``path`` below ``root``, None when absent; never through a link.
+
+    A link at a unit path reads as absent: the write replaces it with a file, and it is never
+    removed as ours.
+    """
+    return files.read_text(root, path, _fail_read, link_as_absent)
 
 
 def read_files(root: str, paths) -> dict[str, Optional[str]]:
@@ -912,10 +967,107 @@ def read_files(root: str, paths) -> dict[str, Optional[str]]:
 
 
 def read_manifest(root: str, manifest_path: str = DEFAULT_MANIFEST_PATH) -> Manifest:
-    """The manifest at ``manifest_path`` below ``root`` (files () when absent); raises UnitFileError."""
-    text = _read_text(root, manifest_path)
-    files = () if text is None else parse_manifest(text, under_root(root, manifest_path))
-    return Manifest(manifest_path, text, files)
+    """The manifest at ``manifest_path`` below ``root`` (files () when absent); raises UnitFileError.
+
+    A manifest that is a link is refused (never followed).
+    """
+    text = _read_text(root, manifest_path, link_as_absent=False)
+    if text is None:
+        return Manifest(manifest_path, None, ())
+    version, entries = parse_manifest_digests(text, under_root(root, manifest_path))
+    return Manifest(manifest_path, text, tuple(path for path, dummy in entries), entries, version)
+
+
+@dataclass(frozen=True)
+class Kept:
+    """A file a manifest lists that is not removed: not ours, or changed since it was written."""
+
+    path: str
+    reason: str
+    manifest: str
+
+    def as_dict(self) -> dict:
+        """{"path", "reason"} for the module's result."""
+        return {"path": self.path, "reason": self.reason}
+
+    def message(self) -> str:
+        """The warning: the file, why it is kept, and what to do."""
+        return (
+            f"{self.path}: listed in the manifest {self.manifest} but {self.reason}; it is kept "
+            "(not disabled, not removed): numafleet removes only files it wrote. Remove it by "
+            "hand if it is no longer wanted"
+        )
+
+
+def in_unit_dir(path: str, unit_dir: str) -> bool:
+    """Whether ``path`` is a unit, slice or numafleet drop-in directly in ``unit_dir``."""
+    parent = posixpath.dirname(path)
+    if is_dropin(path):
+        return posixpath.dirname(parent) == unit_dir
+    return parent == unit_dir and _manifest_file_ok(path)
+
+
+def removable(
+    root: str, manifest: Manifest, desired, unit_dir: Optional[str], header: str = DEFAULT_HEADER
+) -> tuple:
+    """(files of ``manifest`` that may be removed, [Kept]) for a run that wants ``desired``.
+
+    A listed file no longer desired is removable only when it is in ``unit_dir`` (unit, slice
+    or numafleet drop-in name), is a regular file reached without a link, and its sha256 equals
+    the one recorded (version 1 manifests: it starts with ``header``). Absent files need
+    nothing and are in neither list. ``unit_dir`` None skips the directory check (numa_facts,
+    which does not know the unit_dir the roles pass). Raises UnitFileError when a listed file
+    cannot be read.
+    """
+    ours, kept = [], []
+    first = header.rstrip("\n") + "\n" if header.strip() else None
+    for path in manifest.files:
+        if path in desired:
+            continue
+        if unit_dir is not None and not in_unit_dir(path, unit_dir):
+            kept.append(Kept(path, f"is not a unit file in unit_dir {unit_dir}", manifest.path))
+            continue
+        try:
+            info = files.lstat_file(root, path, _fail_read)
+        except UnitFileError as exc:
+            kept.append(Kept(path, f"cannot be reached without a link ({exc})", manifest.path))
+            continue
+        if info is None:
+            continue
+        if stat.S_ISLNK(info.st_mode):
+            kept.append(
+                Kept(path, "is a symbolic link, which numafleet never writes", manifest.path)
+            )
+            continue
+        if not stat.S_ISREG(info.st_mode):
+            kept.append(Kept(path, "is not a regular file", manifest.path))
+            continue
+        data = files.read_file(root, path, _fail_read) or b""
+        recorded = manifest.digest_of(path)
+        if recorded is not None:
+            if digest_bytes(data) != recorded:
+                kept.append(
+                    Kept(
+                        path,
+                        "its content changed since numafleet wrote it (sha256 "
+                        f"{digest_bytes(data)[:12]}..., recorded {recorded[:12]}...): someone "
+                        "edited it",
+                        manifest.path,
+                    )
+                )
+                continue
+        elif first is None or not data.decode("utf-8", "replace").startswith(first):
+            kept.append(
+                Kept(
+                    path,
+                    "the version 1 manifest recorded no sha256 and the file does not start "
+                    "with the header numafleet writes",
+                    manifest.path,
+                )
+            )
+            continue
+        ours.append(path)
+    return sorted(ours), kept
 
 
 def plan_manifest(manifest: Manifest, desired: dict[str, str]) -> Optional[FileChange]:
@@ -934,54 +1086,40 @@ def plan_record_text(plan: dict) -> str:
 
 
 def plan_record_change(root: str, path: str, plan: dict) -> FileChange:
-    """The change of the recorded plan file at ``path`` below ``root``; raises UnitFileError."""
+    """The change of the recorded plan file at ``path`` below ``root``; raises UnitFileError.
+
+    A link there reads as absent, so it is replaced by a file (numa_facts refuses a link).
+    """
     before = _read_text(root, path)
     after = plan_record_text(plan)
     state = "create" if before is None else "unchanged" if before == after else "update"
-    if state == "unchanged" and os.path.islink(under_root(root, path)):
-        state = "update"  # a link is never the record: replaced by a file (numa_facts refuses it)
+    if before is None and files.lstat_file(root, path, _fail_read) is not None:
+        state = "update"  # a link (read as absent) is there: replaced by the file
     return FileChange(path, state, before, after)
 
 
-def _write_atomic(real: str, text: str) -> None:
-    fix = "Check that the directory is writable, or set root/unit_dir to one that is"
-    write_atomic(
-        real, text, FILE_MODE, lambda path, reason: UnitFileError(path, reason, fix), DIR_MODE
-    )
+_WRITE_FIX = "Check that the directory is writable, or set root/unit_dir to one that is"
 
 
-def _remove(real: str) -> None:
-    parent = os.path.dirname(real)
-    if os.path.islink(parent):
-        raise UnitFileError(
-            parent,
-            "is a symbolic link; numafleet removes only files in real directories",
-            "Replace the link with a directory",
-        )
-    try:
-        os.unlink(real)
-        parent = os.path.dirname(real)
-        if parent.endswith(".d") and not os.listdir(parent):
-            os.rmdir(parent)
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise UnitFileError(
-            real, exc.strerror or "cannot be removed", "Check its permissions"
-        ) from None
+def _fail_write(path: str, reason: str) -> UnitFileError:
+    if "symbolic link" in reason:
+        return UnitFileError(path, reason, "Replace the link with a directory")
+    return UnitFileError(path, reason, _WRITE_FIX)
 
 
 def write_files(root: str, changes: list[FileChange]) -> None:
     """Apply ``changes`` below ``root``: atomic writes (mode 0644), removals, empty .d dirs removed.
 
-    Raises UnitFileError.
+    Nothing is written, read or removed through a link (files.py); directories made get mode
+    0755 and files 0644 whatever the umask. Raises UnitFileError.
     """
     for change in changes:
-        real = under_root(root, change.path)
         if change.state in ("create", "update"):
-            _write_atomic(real, change.after or "")
+            files.write_file(
+                root, change.path, change.after or "", FILE_MODE, _fail_write, DIR_MODE
+            )
         elif change.state == "remove":
-            _remove(real)
+            files.remove_file(root, change.path, _fail_write, prune_parent=is_dropin(change.path))
 
 
 def write_manifest(root: str, change: Optional[FileChange]) -> None:

@@ -25,6 +25,8 @@ def tree_hash(*tops) -> str:
             dirs.sort()
             for name in sorted(dirs + files):
                 path = os.path.join(base, name)
+                if path.endswith(("/run", "/run/numafleet", "/run/numafleet/apply.lock")):
+                    continue  # the per-host lock file: made by every run that may write
                 digest.update(os.path.relpath(path, top).encode())
                 if os.path.isfile(path) and not os.path.islink(path):
                     with open(path, "rb") as handle:
@@ -319,3 +321,73 @@ def test_bad_mounts_fail_and_write_nothing(run_module, host, mounts, fragment):
     assert result["failed"] is True and fragment in result["msg"]
     assert "exception" not in result
     assert tree_hash(host["fsroot"]) == before and not os.path.exists(host["root"])
+
+
+# --- issue 19: no links, modes independent of the umask, the per-host lock ------------------------
+
+
+@pytest.mark.parametrize("level", ["etc", "etc/numafleet", "usr/local", "etc/systemd/system"])
+def test_a_linked_directory_is_refused_and_nothing_lands_there(run_module, host, tmp_path, level):
+    """Failed before for every level but the immediate parent of a file."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    link = os.path.join(host["root"], level)
+    os.makedirs(os.path.dirname(link), exist_ok=True)
+    os.symlink(outside, link)
+    result = run_module("numa_hugepages", args(host, GROW))
+    assert result["failed"] is True
+    assert link in result["msg"] and "symbolic link" in result["msg"]
+    assert list(outside.rglob("*")) == []
+
+
+@pytest.mark.parametrize("mask", [0o000, 0o077])
+def test_directories_and_files_get_their_modes_under_any_umask(run_module, host, mask):
+    """With umask 000 the directories were 0777 (failed before), with 077 0700."""
+    old = os.umask(mask)
+    try:
+        result = run_module("numa_hugepages", args(host, GROW))
+    finally:
+        os.umask(old)
+    assert result["failed"] is False, result.get("msg")
+    root = host["root"]
+    for rel in ("etc", "etc/numafleet", "etc/systemd/system", "usr/local/libexec"):
+        assert os.stat(os.path.join(root, rel)).st_mode & 0o777 == 0o755, rel
+    assert os.stat(os.path.join(root, STATE)).st_mode & 0o777 == 0o644
+    assert os.stat(os.path.join(root, UNIT)).st_mode & 0o777 == 0o644
+    assert os.stat(os.path.join(root, PROGRAM)).st_mode & 0o777 == 0o755
+
+
+def test_a_second_run_fails_while_the_lock_is_held(run_module, host, monkeypatch):
+    import fcntl
+
+    from ansible_collections.numafleet.tuning.plugins.module_utils.numa import files
+
+    monkeypatch.setattr(files, "LOCK_TIMEOUT_S", 0.2)
+    lock = os.path.join(host["root"], "run/numafleet/apply.lock")
+    os.makedirs(os.path.dirname(lock))
+    with open(lock, "w") as held:
+        held.write("777\n")
+        held.flush()
+        fcntl.flock(held, fcntl.LOCK_EX)
+        result = run_module("numa_hugepages", args(host, GROW))
+    assert result["failed"] is True and lock in result["msg"] and "PID 777" in result["msg"]
+    assert pool(host, 0) != 32 and not os.path.exists(os.path.join(host["root"], STATE))
+
+
+def test_a_mount_unit_the_state_file_lists_but_we_did_not_write_is_kept(run_module, host, tmp_path):
+    """Failed before: an admin's home.mount named in hugepages.json was stopped and removed."""
+    run_module("numa_hugepages", args(host, GROW, mounts=MOUNTS))
+    admin = os.path.join(host["root"], "etc/systemd/system/home.mount")
+    with open(admin, "w") as out:
+        out.write("[Mount]\nWhat=/dev/sdb1\nWhere=/home\n")
+    state = os.path.join(host["root"], STATE)
+    with open(state) as handle:
+        data = json.load(handle)
+    data["mounts"] = sorted([*data["mounts"], "home.mount"])
+    with open(state, "w") as out:
+        json.dump(data, out)
+    result = run_fresh(tmp_path, args(host, GROW, mounts=MOUNTS, service_manager="systemd"))
+    assert not result.get("failed"), result.get("msg")
+    assert "home.mount" not in " ".join(result["would_run"]) and result["handler_mount_stop"] == []
+    assert os.path.isfile(admin)
+    assert any("home.mount" in text and "kept" in text for text in warning_texts(result))

@@ -37,6 +37,8 @@ def tree_hash(root) -> str:
         dirs.sort()
         for name in sorted(dirs + files):
             path = os.path.join(base, name)
+            if path.endswith(("/run", "/run/numafleet", "/run/numafleet/apply.lock")):
+                continue  # the per-host lock file: made by every run that may write
             digest.update(os.path.relpath(path, root).encode())
             if os.path.islink(path):
                 digest.update(os.readlink(path).encode())
@@ -305,3 +307,36 @@ def test_nothing_asked_changes_nothing(run, tree, explicit_nulls):
     assert result["failed"] is False, result.get("msg")
     assert result["changed"] is False and result["settings"] == [] and result["files"] == []
     assert tree_hash(tree) == before
+
+
+# --- issue 19: no links, modes independent of the umask ------------------------------------------
+
+
+@pytest.mark.parametrize("level", ["etc", "etc/sysctl.d"])
+def test_a_linked_directory_is_refused_and_nothing_lands_there(run, tree, tmp_path, level):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    link = tree / "root" / level
+    if link.is_dir() and not link.is_symlink():
+        import shutil
+
+        shutil.rmtree(link)
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(outside)
+    result = run(args(tree))
+    assert result["failed"] is True
+    assert str(link) in result["msg"] and "symbolic link" in result["msg"]
+    assert list(outside.rglob("*")) == []
+
+
+@pytest.mark.parametrize("mask", [0o000, 0o077])
+def test_files_and_directories_get_their_modes_under_any_umask(run, tree, mask):
+    old = os.umask(mask)
+    try:
+        result = run(args(tree))
+    finally:
+        os.umask(old)
+    assert result["failed"] is False, result.get("msg")
+    sysctl = tree / "root/etc/sysctl.d/60-numafleet-numa.conf"
+    assert sysctl.stat().st_mode & 0o777 == 0o644
+    assert sysctl.parent.stat().st_mode & 0o777 == 0o755

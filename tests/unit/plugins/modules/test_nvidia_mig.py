@@ -120,7 +120,9 @@ def test_unknown_suboption_is_refused_by_the_argument_spec(run_module, tmp_path)
 def test_files_of_a_layout_no_longer_declared_are_removed(run_module, tmp_path):
     args = render_args(tmp_path)
     run_module("nvidia_mig", args)
-    written = sorted(p.name for p in (tmp_path / "root").rglob("*") if p.is_file())
+    written = sorted(
+        p.name for p in (tmp_path / "root").rglob("*") if p.is_file() and p.name != "apply.lock"
+    )
     assert written == ["mig-parted.yaml", "mig.json", "numafleet-mig", "numafleet-mig.service"]
     gone = run_module("nvidia_mig", dict(args, gpus=[]), check_mode=True)
     assert gone["changed"] and {f["state"] for f in gone["files"]} == {"remove"}
@@ -128,9 +130,16 @@ def test_files_of_a_layout_no_longer_declared_are_removed(run_module, tmp_path):
         "systemctl disable --now numafleet-mig.service",
         "systemctl daemon-reload",
     ]
-    assert sorted(p.name for p in (tmp_path / "root").rglob("*") if p.is_file()) == written
+    assert (
+        sorted(
+            p.name for p in (tmp_path / "root").rglob("*") if p.is_file() and p.name != "apply.lock"
+        )
+        == written
+    )
     removed = run_module("nvidia_mig", dict(args, gpus=[]))
-    assert removed["changed"] and not [p for p in (tmp_path / "root").rglob("*") if p.is_file()]
+    assert removed["changed"] and not [
+        p for p in (tmp_path / "root").rglob("*") if p.is_file() and p.name != "apply.lock"
+    ]
     again = run_module("nvidia_mig", dict(args, gpus=[]))
     assert not again["changed"] and again["files"] == []
 
@@ -154,3 +163,57 @@ def test_relative_root_is_refused(run_module, tmp_path, monkeypatch):
     result = run_module("nvidia_mig", dict(render_args(tmp_path), root="relative/dir"))
     assert result["failed"] and result["msg"].startswith("root: 'relative/dir' is not an absolute")
     assert not (tmp_path / "relative").exists()
+
+
+# --- issue 19: state files fail loudly, foreign files are kept, no links, the lock --------------
+
+
+def test_a_corrupt_state_file_fails_naming_it_and_is_not_rewritten(run_module, tmp_path):
+    """Failed before: the corrupt mig.json was silently replaced."""
+    args = render_args(tmp_path)
+    state = tmp_path / "root/etc/numafleet/mig.json"
+    state.parent.mkdir(parents=True)
+    for text in ("{not json", '{"format": "other", "version": 1, "gpus": []}', "[]"):
+        state.write_text(text)
+        for check_mode in (True, False):
+            result = run_module("nvidia_mig", args, check_mode=check_mode)
+            assert result["failed"] is True, text
+            assert result["msg"].startswith(f"{state}: ")
+            assert "Restore it from the last run, or remove it" in result["msg"]
+            assert state.read_text() == text
+    assert not (tmp_path / "root/etc/systemd/system/numafleet-mig.service").exists()
+
+
+def test_a_recorded_mig_parted_path_that_is_not_ours_is_kept(run_module, tmp_path):
+    """Failed before: the path named in mig.json was removed whatever it held."""
+    args = render_args(tmp_path)
+    run_module("nvidia_mig", dict(args, mig_parted_config="/etc/numafleet/old.yaml"))
+    old = tmp_path / "root/etc/numafleet/old.yaml"
+    state = tmp_path / "root/etc/numafleet/mig.json"
+    data = json.loads(state.read_text())
+    data["mig_parted_config"] = "/etc/fstab"
+    state.write_text(json.dumps(data))
+    fstab = tmp_path / "root/etc/fstab"
+    fstab.write_text("UUID=x / ext4 defaults 0 1\n")
+    result = run_module("nvidia_mig", args)
+    assert result["failed"] is False
+    assert [item["path"] for item in result["kept"]] == ["/etc/fstab"]
+    assert fstab.read_text() == "UUID=x / ext4 defaults 0 1\n" and old.exists()
+    # the config this module wrote, recorded as such, is still removed
+    data = json.loads(state.read_text())
+    data["mig_parted_config"] = "/etc/numafleet/old.yaml"
+    state.write_text(json.dumps(data))
+    result = run_module("nvidia_mig", args)
+    assert result["failed"] is False and result["kept"] == [] and not old.exists()
+
+
+def test_a_linked_state_file_is_refused(run_module, tmp_path):
+    args = render_args(tmp_path)
+    outside = tmp_path / "outside.json"
+    outside.write_text("{}")
+    state = tmp_path / "root/etc/numafleet/mig.json"
+    state.parent.mkdir(parents=True)
+    state.symlink_to(outside)
+    result = run_module("nvidia_mig", args)
+    assert result["failed"] is True and "symbolic link" in result["msg"]
+    assert outside.read_text() == "{}"

@@ -56,11 +56,14 @@ def make_plan(*entries) -> dict:
 
 
 def tree_hash(root) -> str:
+    """sha256 of the tree below root, the per-host lock file left out."""
     digest = hashlib.sha256()
     for base, dirs, files in sorted(os.walk(root)):
         dirs.sort()
         for name in sorted(dirs + files):
             path = os.path.join(base, name)
+            if os.path.relpath(path, root) in ("run", "run/numafleet", "run/numafleet/apply.lock"):
+                continue
             digest.update(os.path.relpath(path, root).encode())
             if os.path.isfile(path):
                 with open(path, "rb") as handle:
@@ -150,7 +153,7 @@ def test_removed_daemon_is_disabled_and_its_dropin_removed(run_module, scratch, 
     # the last daemon takes the template and the manifest's files with it
     last = run_module("nvidia_mps", args(scratch, make_plan()))
     assert not (scratch / UNIT_DIR / "nvidia-mps@.service").exists()
-    assert json.loads((scratch / MANIFEST).read_text())["files"] == []
+    assert json.loads((scratch / MANIFEST).read_text())["files"] == {}
     assert last["would_run"][0] == f"systemctl disable --now nvidia-mps@{GPU}.service"
 
 
@@ -283,3 +286,32 @@ def test_a_plan_without_mps_daemons_is_refused(run_module, scratch):
     result = run_module("nvidia_mps", args(scratch, plan))
     assert result["failed"] and "host h1: plan has no mps_daemons" in result["msg"]
     assert tree_hash(scratch) == before
+
+
+def test_foreign_entries_of_the_mps_manifest_are_kept_never_disabled(
+    run_module, scratch, fakes, monkeypatch
+):
+    """A vendor nvidia-mps@ unit, an edited drop-in of ours: kept (failed before: disabled and
+    deleted, since only '/nvidia-mps@' in the path was checked)."""
+    monkeypatch.setenv("FAKE_ACTIVE_RC", "3")
+    plan = make_plan(entry(), entry(MIG, gpu_address="0000:17:00.0"))
+    run_module("nvidia_mps", args(scratch, plan))
+    vendor = scratch / "usr/lib/systemd/system/nvidia-mps@vendor.service"
+    vendor.parent.mkdir(parents=True)
+    vendor.write_text("[Service]\nExecStart=/usr/bin/nvidia-cuda-mps-control -f\n")
+    ours = scratch / UNIT_DIR / f"nvidia-mps@{MIG}.service.d" / "50-numafleet.conf"
+    ours.write_text(ours.read_text() + "# tuned by hand\n")
+    manifest = scratch / MANIFEST
+    data = json.loads(manifest.read_text())
+    data["files"]["/usr/lib/systemd/system/nvidia-mps@vendor.service"] = hashlib.sha256(
+        vendor.read_bytes()
+    ).hexdigest()
+    manifest.write_text(json.dumps(data))
+    result = run_module("nvidia_mps", args(scratch, make_plan(entry()), service_manager="systemd"))
+    assert result["failed"] is False, result.get("msg")
+    assert sorted(item["path"] for item in result["kept"]) == [
+        f"/etc/systemd/system/nvidia-mps@{MIG}.service.d/50-numafleet.conf",
+        "/usr/lib/systemd/system/nvidia-mps@vendor.service",
+    ]
+    assert result["ran"] == [] and not any("disable" in line for line in result["would_run"])
+    assert vendor.exists() and ours.read_text().endswith("# tuned by hand\n")

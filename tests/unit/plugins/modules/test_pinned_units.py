@@ -46,11 +46,14 @@ def make_plan(*names, dropin=False) -> dict:
 
 
 def tree_hash(root) -> str:
+    """sha256 of the tree below root, the per-host lock file left out."""
     digest = hashlib.sha256()
     for base, dirs, files in sorted(os.walk(root)):
         dirs.sort()
         for name in sorted(dirs + files):
             path = os.path.join(base, name)
+            if os.path.relpath(path, root) in ("run", "run/numafleet", "run/numafleet/apply.lock"):
+                continue
             digest.update(os.path.relpath(path, root).encode())
             if os.path.isfile(path):
                 with open(path, "rb") as handle:
@@ -133,7 +136,7 @@ def test_apply_then_again_is_unchanged(run_module, scratch, systemctl):
     assert first["handler_restart"] == [] and first["handler_try_restart"] == ["vllm.service"]
     assert first["ran"] == [] and not systemctl.exists()  # nothing to disable
     manifest = json.loads((scratch / "etc/numafleet/manifest.json").read_text())
-    assert manifest["files"] == [
+    assert sorted(manifest["files"]) == [
         "/etc/systemd/system/numafleet-a.service",
         "/etc/systemd/system/numafleet-team\\x2da.slice",
         "/etc/systemd/system/vllm.service.d/50-numafleet.conf",
@@ -198,7 +201,7 @@ def test_removal_disables_and_removes_only_owned_files(run_module, scratch, syst
     assert foreign_dropin.read_text() == "[Service]\nNice=5\n"
     assert tree_hash(scratch / UNIT_DIR / "foreign.service") == foreign
     manifest = json.loads((scratch / "etc/numafleet/manifest.json").read_text())
-    assert manifest["files"] == [
+    assert sorted(manifest["files"]) == [
         "/etc/systemd/system/numafleet-a.service",
         "/etc/systemd/system/numafleet-team\\x2da.slice",
     ]
@@ -300,3 +303,159 @@ def test_options_reach_the_files(run_module, scratch):
     assert text.startswith("#\n# Ansible managed\n#\n\n[Unit]\n")
     assert "NoNewPrivileges" not in text
     assert (scratch / "var/lib/numafleet/m.json").is_file()
+
+
+# --- issue 19: only files numafleet wrote are ever disabled and removed --------------------------
+
+VENDOR = "/usr/lib/systemd/system/sshd.service"
+ADMIN = "/etc/systemd/system/foreign.service"
+OUTSIDE = "/opt/app/app.service"
+
+
+def _sha(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _tamper(scratch, version) -> None:
+    """A manifest that lists a vendor unit, an admin unit and a path outside the unit dirs."""
+    for path in (VENDOR, OUTSIDE):
+        real = scratch / path.lstrip("/")
+        real.parent.mkdir(parents=True, exist_ok=True)
+        real.write_text("[Service]\nExecStart=/usr/sbin/sshd -D\n")
+    manifest = scratch / "etc/numafleet/manifest.json"
+    data = json.loads(manifest.read_text())
+    if version == 1:
+        data = {"version": 1, "files": sorted([*data["files"], VENDOR, ADMIN, OUTSIDE])}
+    else:  # even with each file's real sha256 recorded, only the unit dir counts
+        for path in (VENDOR, OUTSIDE):
+            data["files"][path] = _sha(scratch / path.lstrip("/"))
+        data["files"][ADMIN] = "0" * 64
+    manifest.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("check_mode", [False, True])
+def test_foreign_manifest_entries_are_kept_never_disabled(
+    run_module, scratch, systemctl, version, check_mode
+):
+    """Failed before: the next run ran `systemctl disable --now` on each and deleted it."""
+    run_module("pinned_units", args(scratch, make_plan("a", "b", "c")))
+    (scratch / UNIT_DIR / "numafleet-b.service").write_text("[Service]\nExecStart=/bin/edited\n")
+    _tamper(scratch, version)
+    before = {p: (scratch / p.lstrip("/")).read_text() for p in (VENDOR, ADMIN, OUTSIDE)}
+    result = run_module(
+        "pinned_units",
+        args(scratch, make_plan("a"), service_manager="systemd"),
+        check_mode=check_mode,
+    )
+    assert result["failed"] is False, result.get("msg")
+    kept = {item["path"]: item["reason"] for item in result["kept"]}
+    assert sorted(kept) == sorted(
+        [ADMIN, OUTSIDE, VENDOR, "/etc/systemd/system/numafleet-b.service"]
+    )
+    assert "not a unit file in unit_dir /etc/systemd/system" in kept[VENDOR]
+    assert "not a unit file in unit_dir" in kept[OUTSIDE]
+    edited = kept["/etc/systemd/system/numafleet-b.service"]
+    if version == 2:
+        assert "content changed since numafleet wrote it" in edited and "sha256" in kept[ADMIN]
+    else:
+        assert "does not start with the header" in edited and "header" in kept[ADMIN]
+    # only the unedited file numafleet wrote goes
+    assert result["would_run"][0] == "systemctl disable --now numafleet-c.service"
+    assert not [line for line in result["would_run"] if "sshd" in line or "foreign" in line]
+    assert result["units"]["removed"] == ["numafleet-c.service"]
+    if check_mode:
+        assert not systemctl.exists()
+    else:
+        assert systemctl.read_text().splitlines() == ["disable --now numafleet-c.service"]
+        assert not (scratch / UNIT_DIR / "numafleet-c.service").exists()
+        manifest = json.loads((scratch / "etc/numafleet/manifest.json").read_text())
+        assert manifest["version"] == 2 and sorted(manifest["files"]) == [
+            "/etc/systemd/system/numafleet-a.service",
+            "/etc/systemd/system/numafleet-team\\x2da.slice",
+        ]
+    for path, text in before.items():
+        assert (scratch / path.lstrip("/")).read_text() == text
+    assert (scratch / UNIT_DIR / "numafleet-b.service").read_text().endswith("/bin/edited\n")
+
+
+def test_a_version_1_manifest_still_removes_files_with_our_header(run_module, scratch, systemctl):
+    run_module("pinned_units", args(scratch, make_plan("a", "b")))
+    manifest = scratch / "etc/numafleet/manifest.json"
+    manifest.write_text(
+        json.dumps({"version": 1, "files": sorted(json.loads(manifest.read_text())["files"])})
+    )
+    result = run_module("pinned_units", args(scratch, make_plan("a"), service_manager="systemd"))
+    assert result["failed"] is False and result["kept"] == []
+    assert systemctl.read_text().splitlines() == ["disable --now numafleet-b.service"]
+    assert json.loads(manifest.read_text())["version"] == 2
+
+
+def test_a_listed_unit_that_became_a_link_is_kept(run_module, scratch, systemctl):
+    run_module("pinned_units", args(scratch, make_plan("a", "b")))
+    unit = scratch / UNIT_DIR / "numafleet-b.service"
+    unit.unlink()
+    unit.symlink_to("/dev/null")
+    result = run_module("pinned_units", args(scratch, make_plan("a"), service_manager="systemd"))
+    assert result["failed"] is False
+    assert [item["path"] for item in result["kept"]] == ["/etc/systemd/system/numafleet-b.service"]
+    assert "symbolic link" in result["kept"][0]["reason"]
+    assert unit.is_symlink() and not systemctl.exists()
+
+
+@pytest.mark.parametrize(
+    "level", ["etc", "etc/systemd", "etc/systemd/system", "etc/numafleet", "run"]
+)
+def test_a_linked_directory_at_any_level_is_refused_and_nothing_lands_there(
+    run_module, tmp_path, level
+):
+    """Failed before for every level but the immediate parent of a file."""
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    (root / level).parent.mkdir(parents=True, exist_ok=True)
+    outside.mkdir()
+    (root / level).symlink_to(outside)
+    result = run_module("pinned_units", args(root, make_plan("a")))
+    assert result["failed"] is True
+    assert str(root / level) in result["msg"] and "symbolic link" in result["msg"]
+    assert list(outside.rglob("*")) == []
+
+
+@pytest.mark.parametrize("mask", [0o000, 0o077])
+def test_modes_are_the_same_under_any_umask(run_module, tmp_path, mask):
+    (tmp_path / "root").mkdir()  # an existing root is locked: the lock file is checked too
+    old = os.umask(mask)
+    try:
+        result = run_module("pinned_units", args(tmp_path / "root", make_plan("a", dropin=True)))
+    finally:
+        os.umask(old)
+    assert result["failed"] is False
+    modes = {}
+    for base, dirs, names in os.walk(tmp_path / "root"):
+        for name in dirs + names:
+            path = os.path.join(base, name)
+            modes[os.path.relpath(path, tmp_path / "root")] = os.stat(path).st_mode & 0o777
+    assert modes.pop("run/numafleet/apply.lock") == 0o644
+    assert modes == {
+        path: (0o644 if path.endswith((".service", ".slice", ".conf", ".json")) else 0o755)
+        for path in modes
+    }
+    assert modes["etc/systemd/system"] == 0o755 and modes["etc/numafleet/manifest.json"] == 0o644
+
+
+def test_the_module_fails_when_another_run_holds_the_lock(run_module, scratch, monkeypatch):
+    from ansible_collections.numafleet.tuning.plugins.module_utils.numa import files
+
+    monkeypatch.setattr(files, "LOCK_TIMEOUT_S", 0.2)
+    lock = scratch / "run/numafleet/apply.lock"
+    lock.parent.mkdir(parents=True)
+    lock.write_text("4242\n")
+    import fcntl
+
+    with open(lock, "r+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        result = run_module("pinned_units", args(scratch, make_plan("a")))
+        checked = run_module("pinned_units", args(scratch, make_plan("a")), check_mode=True)
+    assert result["failed"] is True
+    assert str(lock) in result["msg"] and "PID 4242" in result["msg"]
+    assert not (scratch / UNIT_DIR / "numafleet-a.service").exists()
+    assert checked["failed"] is False and checked["changed"] is True  # check mode takes no lock

@@ -95,3 +95,13 @@ def test_capture_names_that_could_escape_are_refused(fixture_root, tmp_path, nam
         write_capture(plan_capture(reader), str(tmp_path / "c.tar.gz"), name)
     assert "name=" in str(err.value) and "inventory hostname" in str(err.value)
     assert not (tmp_path / "c.tar.gz").exists()
+
+
+def test_a_link_at_dest_is_refused_and_its_target_untouched(tmp_path):
+    """Failed before: tarfile.open followed a link at dest (issue 19)."""
+    theirs = tmp_path / "theirs"
+    theirs.write_text("theirs\n")
+    (tmp_path / "cap.tar.gz").symlink_to(theirs)
+    with pytest.raises(TopologyError, match="cannot write the capture"):
+        write_capture([], str(tmp_path / "cap.tar.gz"), "cap")
+    assert theirs.read_text() == "theirs\n"

@@ -80,3 +80,153 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+# --- issue 19: never through a link, modes independent of the umask, the per-host lock -----------
+
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import files  # noqa: E402
+
+LEVELS = ["etc", "etc/numafleet"]
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_a_linked_parent_at_any_level_below_the_root_is_refused(tmp_path, level):
+    """<root>/etc or <root>/etc/numafleet linked elsewhere: nothing lands there (failed before:
+    only the immediate parent was checked)."""
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    outside.mkdir()
+    (root / level).parent.mkdir(parents=True, exist_ok=True)
+    (root / level).symlink_to(outside)
+    if level == "etc":
+        (outside / "numafleet").mkdir()
+    with pytest.raises(Failed) as err:
+        files.write_file(str(root), "/etc/numafleet/x.json", "ours\n", 0o644, Failed)
+    assert err.value.path == str(root / level) and "symbolic link" in err.value.reason
+    assert sorted(str(p.relative_to(outside)) for p in outside.rglob("*")) == (
+        ["numafleet"] if level == "etc" else []
+    )
+    with pytest.raises(Failed, match="symbolic link"):
+        files.read_file(str(root), "/etc/numafleet/x.json", Failed)
+    with pytest.raises(Failed, match="symbolic link"):
+        files.remove_file(str(root), "/etc/numafleet/x.json", Failed)
+
+
+def test_the_root_itself_may_be_a_link(tmp_path):
+    """The root is the user's choice and is resolved once."""
+    (tmp_path / "real").mkdir()
+    (tmp_path / "root").symlink_to(tmp_path / "real")
+    files.write_file(str(tmp_path / "root"), "/etc/x.conf", "x\n", 0o644, Failed)
+    assert (tmp_path / "real/etc/x.conf").read_text() == "x\n"
+
+
+def test_a_linked_file_is_refused_on_read_or_read_as_absent(tmp_path):
+    (tmp_path / "theirs").write_text("theirs\n")
+    (tmp_path / "x.json").symlink_to(tmp_path / "theirs")
+    with pytest.raises(Failed, match="symbolic link"):
+        files.read_file(str(tmp_path), "/x.json", Failed)
+    assert files.read_file(str(tmp_path), "/x.json", Failed, link_as_absent=True) is None
+    files.remove_file(str(tmp_path), "/x.json", Failed)  # the link goes, never its target
+    assert (
+        not (tmp_path / "x.json").is_symlink() and (tmp_path / "theirs").read_text() == "theirs\n"
+    )
+
+
+def test_remove_prunes_an_empty_parent_only(tmp_path):
+    (tmp_path / "a.service.d").mkdir()
+    (tmp_path / "a.service.d/50-numafleet.conf").write_text("x")
+    (tmp_path / "a.service.d/10-user.conf").write_text("y")
+    files.remove_file(str(tmp_path), "/a.service.d/50-numafleet.conf", Failed, prune_parent=True)
+    assert sorted(os.listdir(tmp_path / "a.service.d")) == ["10-user.conf"]
+    files.remove_file(str(tmp_path), "/a.service.d/10-user.conf", Failed, prune_parent=True)
+    assert not (tmp_path / "a.service.d").exists()
+
+
+@pytest.mark.parametrize("mask", [0o000, 0o077, 0o022])
+def test_modes_do_not_depend_on_the_umask(tmp_path, mask):
+    """With umask 000 the directories made were 0777 (failed before); with 077 they were 0700."""
+    old = os.umask(mask)
+    try:
+        files.write_file(str(tmp_path), "/etc/numafleet/deep/x.json", "x\n", 0o644, Failed, 0o755)
+        files.write_file(str(tmp_path), "/usr/local/libexec/prog", "#!\n", 0o755, Failed, 0o755)
+    finally:
+        os.umask(old)
+    for rel in ("etc", "etc/numafleet", "etc/numafleet/deep", "usr/local/libexec"):
+        assert stat.S_IMODE((tmp_path / rel).stat().st_mode) == 0o755, rel
+    assert stat.S_IMODE((tmp_path / "etc/numafleet/deep/x.json").stat().st_mode) == 0o644
+    assert stat.S_IMODE((tmp_path / "usr/local/libexec/prog").stat().st_mode) == 0o755
+
+
+def test_existing_directories_keep_their_mode(tmp_path):
+    (tmp_path / "etc").mkdir(mode=0o750)
+    os.chmod(tmp_path / "etc", 0o750)
+    files.write_file(str(tmp_path), "/etc/x.conf", "x", 0o644, Failed)
+    assert stat.S_IMODE((tmp_path / "etc").stat().st_mode) == 0o750
+
+
+def test_dotdot_is_refused(tmp_path):
+    with pytest.raises(Failed, match=r"'\.\.'"):
+        files.write_file(str(tmp_path / "r"), "/etc/../../x", "x", 0o644, Failed)
+    assert not (tmp_path / "x").exists()
+
+
+_HOLD = """
+import sys, time
+sys.path[:0] = {path!r}
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import files
+with files.host_lock(sys.argv[1]):
+    print("held", flush=True)
+    time.sleep(float(sys.argv[2]))
+"""
+
+
+def _holder(root, seconds):
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HOLD.format(path=sys.path), str(root), str(seconds)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_second_run_waits_for_the_lock_then_fails_naming_the_holder(tmp_path):
+    """Two processes: the second waits its timeout and fails with the lock path and the PID."""
+    holder = _holder(tmp_path, 30)
+    try:
+        lock = tmp_path / "run/numafleet/apply.lock"
+        assert lock.read_text().strip() == str(holder.pid)
+        assert stat.S_IMODE(lock.stat().st_mode) == 0o644
+        with pytest.raises(files.LockError) as err:
+            with files.host_lock(str(tmp_path), timeout_s=0.5, poll_s=0.05):
+                raise AssertionError("the lock was taken twice")
+        assert str(lock) in str(err.value) and f"PID {holder.pid}" in str(err.value)
+        assert "0.5 s" in str(err.value)
+    finally:
+        holder.kill()
+        holder.wait()
+    # the holder is gone: flock went with it, and the lock is free at once
+    with files.host_lock(str(tmp_path), timeout_s=0) as path:
+        assert path == str(tmp_path / "run/numafleet/apply.lock")
+        assert (tmp_path / "run/numafleet/apply.lock").read_text() == f"{os.getpid()}\n"
+
+
+def test_a_second_run_gets_the_lock_when_the_first_finishes(tmp_path):
+    holder = _holder(tmp_path, 0.5)
+    try:
+        with files.host_lock(str(tmp_path), timeout_s=20, poll_s=0.05):
+            assert holder.poll() is not None or holder.wait(timeout=5) == 0
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_linked_lock_directory_is_refused(tmp_path):
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "run").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(files.LockError, match="symbolic link"):
+        with files.host_lock(str(tmp_path)):
+            pass
+    assert os.listdir(tmp_path / "elsewhere") == []

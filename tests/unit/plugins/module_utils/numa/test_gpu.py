@@ -1053,3 +1053,21 @@ def test_gather_runs_nvidia_smi_with_argv_under_timeout_and_loads_no_nvml_with_a
 
 def recorded_xml() -> str:
     return H100_XML.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("mask", [0o000, 0o077])
+def test_snapshot_out_is_never_written_through_a_link_and_has_mode_0644(tmp_path, mask):
+    """Failed before: a link at the predictable temporary name (or at the file) was followed,
+    and the mode followed the umask (issue 19)."""
+    theirs = tmp_path / "theirs"
+    theirs.write_text("theirs\n")
+    target = tmp_path / "out.json"
+    target.symlink_to(theirs)
+    (tmp_path / f".out.json.{os.getpid()}.tmp").symlink_to(theirs)
+    old = os.umask(mask)
+    try:
+        gpu.write_snapshot(str(target), make_snapshots.state("synthetic-gh200"))
+    finally:
+        os.umask(old)
+    assert theirs.read_text() == "theirs\n" and not target.is_symlink()
+    assert target.stat().st_mode & 0o777 == 0o644

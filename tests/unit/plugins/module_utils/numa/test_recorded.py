@@ -38,6 +38,7 @@ def test_nothing_recorded(tmp_path):
         "plan": None,
         "files": {},
         "manifest_errors": [],
+        "kept": [],
     }
 
 
@@ -48,7 +49,7 @@ def test_plan_and_manifest_digests(tmp_path):
     put(
         tmp_path,
         "/etc/numafleet/manifest.json",
-        units.manifest_text({UNIT: "", "/etc/systemd/system/numafleet-t.slice": ""}),
+        units.manifest_text({UNIT: "[Service]\n", "/etc/systemd/system/numafleet-t.slice": ""}),
     )
     got = read_recorded(str(tmp_path))
     assert (got["state"], got["plan"], got["error"]) == ("present", plan, None)
@@ -98,22 +99,27 @@ def test_gather_facts_publishes_it_and_refuses_a_relative_root(fixture_root, tmp
         facts.gather_facts({**base, "recorded_root": "etc"}, False, None, None, None)
 
 
-def test_linked_manifests_and_units_are_read_through_the_link_as_the_modules_do(tmp_path):
+def test_linked_manifests_and_units_are_never_followed_as_the_modules_do(tmp_path):
+    """A linked manifest is an error, a linked unit is 'other' (issue 19: never through a link)."""
     outside = tmp_path / "outside"
     outside.mkdir()
-    (outside / "manifest.json").write_text(units.manifest_text({UNIT: ""}))
+    (outside / "manifest.json").write_text(units.manifest_text({UNIT: "[Service]\n"}))
     (outside / "unit").write_text("[Service]\n")
     root = tmp_path / "root"
     put(root, "/etc/numafleet/keep", "")
     os.symlink(
         outside / "manifest.json", units.under_root(str(root), "/etc/numafleet/manifest.json")
     )
+    got = read_recorded(str(root))
+    assert len(got["manifest_errors"]) == 1 and "symbolic link" in got["manifest_errors"][0]
+    os.unlink(units.under_root(str(root), "/etc/numafleet/manifest.json"))
+    put(root, "/etc/numafleet/manifest.json", units.manifest_text({UNIT: "[Service]\n"}))
     real_unit = units.under_root(str(root), UNIT)
     os.makedirs(os.path.dirname(real_unit))
     os.symlink(outside / "unit", real_unit)
     got = read_recorded(str(root))
     assert got["manifest_errors"] == []
-    assert got["files"][UNIT] == digest("[Service]\n")
+    assert got["files"][UNIT] == "kept" and "symbolic link" in got["kept"][0]
 
 
 def test_a_linked_plan_file_is_replaced_even_with_the_same_text(tmp_path):
@@ -128,3 +134,25 @@ def test_a_linked_plan_file_is_replaced_even_with_the_same_text(tmp_path):
     units.write_files(str(tmp_path / "root"), [change])
     assert not os.path.islink(real) and read_recorded(str(tmp_path / "root"))["state"] == "present"
     assert outside.read_text() == units.plan_record_text(plan)
+
+
+def test_an_edited_or_foreign_listed_file_is_kept_and_never_stopped_by_the_change_plan(tmp_path):
+    """Issue 19: the change plan said `stop` for whatever a manifest listed."""
+    from ansible_collections.numafleet.tuning.plugins.module_utils.numa.changes import change_plan
+
+    edited, custom = UNIT, "/srv/units/numafleet-c.service"
+    put(tmp_path, edited, "[Service]\nExecStart=/bin/edited\n")
+    put(tmp_path, custom, "# Managed by numafleet.tuning\n[Service]\n")
+    put(
+        tmp_path,
+        "/etc/numafleet/manifest.json",
+        units.manifest_text(
+            {edited: "[Service]\n", custom: "# Managed by numafleet.tuning\n[Service]\n"}
+        ),
+    )
+    got = read_recorded(str(tmp_path))
+    assert got["files"][edited] == "kept" and "content changed" in got["kept"][0]
+    assert got["files"][custom] == digest("# Managed by numafleet.tuning\n[Service]\n")
+    plan = {"version": 1, "host": "h", "placements": [], "mps_daemons": []}
+    result = change_plan("h", plan, plan, {}, {}, got["files"], allow_removals=True)
+    assert result["units"]["stop"] == ["numafleet-c.service"]  # a custom unit_dir still counts

@@ -630,8 +630,8 @@ def test_disable_argv(timeout, want):
 def test_manifest_text_is_sorted_json():
     text = units.manifest_text({D: "d", A: "a", S: "s"})
     assert json.loads(text) == {
-        "version": 1,
-        "files": sorted([A, D, S]),
+        "version": 2,
+        "files": {path: units.digest_text(body) for path, body in ((A, "a"), (D, "d"), (S, "s"))},
         "units": ["numafleet-a.service", "numafleet-t.slice", "vllm.service"],
     }
     assert text.endswith("\n") and text == units.manifest_text({S: "s", A: "a", D: "d"})
@@ -641,8 +641,10 @@ def test_manifest_text_is_sorted_json():
     ("text", "fragment"),
     [
         ("{", "is not JSON"),
-        ("[]", "is not a version 1 numafleet manifest"),
-        ('{"version": 2, "files": []}', "is not a version 1"),
+        ("[]", "is not a version 2 (or 1) numafleet manifest"),
+        ('{"version": 3, "files": []}', "is not a version 2 (or 1)"),
+        ('{"version": 2, "files": []}', "has no mapping of files"),
+        ('{"version": 2, "files": {"/etc/systemd/system/a.service": "x"}}', "not a sha256"),
         ('{"version": 1}', "has no list of files"),
         ('{"version": 1, "files": ["/etc/passwd"]}', "lists '/etc/passwd'"),
         ('{"version": 1, "files": ["relative.service"]}', "lists 'relative.service'"),
@@ -728,7 +730,7 @@ def test_write_read_remove_round_trip(tmp_path):
     units.write_files(root, units.plan_changes(current, {}, list(manifest.files)))
     units.write_manifest(root, units.plan_manifest(manifest, {}))
     assert not (tmp_path / "etc/systemd/system/vllm.service.d").exists()
-    assert json.loads((tmp_path / "etc/numafleet/manifest.json").read_text())["files"] == []
+    assert json.loads((tmp_path / "etc/numafleet/manifest.json").read_text())["files"] == {}
 
 
 def test_a_directory_where_a_unit_goes_is_an_error(tmp_path):
