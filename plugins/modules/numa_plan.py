@@ -452,7 +452,10 @@ ansible_facts:
             - C(start), C(stop), C(unpin) (vendor units whose drop-in goes), C(restart),
               C(restart_if_running) (vendor units pinned by a drop-in), C(restart_through) and
               C(stop_through) (unit -> the C(Requires=)/C(BindsTo=)/C(PartOf=) that makes systemd
-              restart or stop it), C(awaiting_restart) (with O(restart=never)) and C(reload).
+              restart or stop it), C(awaiting_restart) (with O(restart=never)), C(not_removed)
+              (host paths a manifest lists that are no longer as numafleet wrote them: edited, a
+              link, or outside the unit directory; the apply modules keep them, never stopped or
+              deleted) and C(reload).
           type: dict
           sample: {start: [], stop: [], restart: [numafleet-rerank-b.service], restart_through: {}}
         mig:

@@ -171,6 +171,13 @@ def change_plan(
         and unit_of(path).endswith((".service", ".slice"))
         and recorded_files[path] != "kept"  # not ours any more: never stopped or removed
     ]
+    # Listed by a manifest but no longer as numafleet wrote them (edited, a link, a foreign
+    # path): the apply modules keep them, so the change plan says so instead of "stop".
+    not_removed = sorted(
+        path
+        for path, found in recorded_files.items()
+        if found == "kept" and path not in unit_files and path not in mps_files
+    )
     owned_mps = [p for p in owned if unit_of(p).startswith("nvidia-mps@")]
     owned_units = [p for p in owned if p not in owned_mps]
     pinned = units.plan_actions(file_changes(unit_files, recorded_files, owned_units))
@@ -281,6 +288,7 @@ def change_plan(
                 if never
                 else []
             ),
+            "not_removed": not_removed,
             "slices": {key: pinned.slices[key] for key in ("new", "changed", "removed")},
             "reload": pinned.reload_needed or daemon_actions.reload_needed,
         },
@@ -390,6 +398,11 @@ def change_lines(changes: dict) -> list:
     ):
         for unit, cause in unit_actions[key].items():
             lines.append(f"  {label}: {unit} ({cause})")
+    for path in unit_actions.get("not_removed") or ():
+        lines.append(
+            f"  not removed: {path} (listed by a manifest, but not as numafleet wrote it: "
+            "edited, a link or a foreign path; kept, never stopped or deleted)"
+        )
     for state, names in unit_actions["slices"].items():
         if names:
             lines.append(f"  {state} slice: {', '.join(names)} (applied at daemon-reload)")

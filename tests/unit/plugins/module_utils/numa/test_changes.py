@@ -243,3 +243,22 @@ def test_memory_slices_and_pools_are_in_the_plan_too():
     assert result["hugepages"] == ["node0 2048kB 8 -> 16"]
     assert result["units"]["slices"]["changed"] == ["numafleet-t.slice"]
     assert "  changed slice: numafleet-t.slice (applied at daemon-reload)" in result["lines"]
+
+
+def test_files_a_manifest_lists_but_numafleet_did_not_write_as_they_are_are_not_stopped():
+    first = plan_of(SERVICES)
+    recorded = applied(first)
+    edited = "/etc/systemd/system/numafleet-d.service"
+    recorded[edited] = "kept"  # numa_facts: edited since the apply wrote it
+    recorded["/usr/lib/systemd/system/sshd.service"] = "kept"  # a foreign path in the manifest
+    new = plan_of(SERVICES[:3], first)
+    unit_files, mps_files = rendered(new)
+    result = change_plan("h", first, new, unit_files, mps_files, recorded)
+    assert result["units"]["stop"] == []
+    assert result["units"]["not_removed"] == [edited, "/usr/lib/systemd/system/sshd.service"]
+    assert f"  not removed: {edited} (listed by a manifest, but not as numafleet wrote it: " in (
+        "\n".join(result["lines"])
+    )
+    # Still planned: the apply rewrites it, so it is not listed as kept.
+    again = change_plan("h", first, first, *rendered(first), recorded)
+    assert again["units"]["not_removed"] == ["/usr/lib/systemd/system/sshd.service"]
