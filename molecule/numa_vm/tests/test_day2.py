@@ -5,23 +5,9 @@ changed."""
 
 import json
 
-import yaml
-from vm_helpers import HOST, REPO, main_pid, record, run_playbook, wait_until_touched
+from vm_helpers import HOST, main_pid, placements, record, run_playbook, site, wait_until_touched
 
 testinfra_hosts = ["numa-vm"]
-
-
-def placements() -> list:
-    """numafleet_placements of the scenario's inventory (molecule.yml)."""
-    scenario = yaml.safe_load((REPO / "molecule" / "numa_vm" / "molecule.yml").read_text())
-    return scenario["provisioner"]["inventory"]["host_vars"][HOST]["numafleet_placements"]
-
-
-def site(tmp_path, name: str, wanted: list, *args: str) -> tuple:
-    """site.yml (or another playbook via args) with numafleet_placements given as extra vars."""
-    extra = tmp_path / f"{name}.json"
-    extra.write_text(json.dumps({"numafleet_placements": wanted}))
-    return run_playbook("../site.yml", "-e", f"@{extra}", *args)
 
 
 def test_changing_one_placement_restarts_only_it(host, tmp_path):

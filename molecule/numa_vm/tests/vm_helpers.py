@@ -11,6 +11,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import yaml
+
 REPO = Path(os.environ["MOLECULE_PROJECT_DIRECTORY"])
 INVENTORY = os.environ["MOLECULE_INVENTORY_FILE"]
 FIGURES_FILE = REPO / "reports" / "numa_vm" / "figures.json"
@@ -154,3 +156,16 @@ def run_verify(report_dir: Path) -> tuple:
 def checks(report: dict, subject: str) -> dict:
     """{check name: check} of one subject (placement name or nodeN) in a verify.json report."""
     return {c["check"]: c for c in report["hosts"][HOST]["checks"] if c["subject"] == subject}
+
+
+def placements() -> list:
+    """numafleet_placements of the scenario's inventory (molecule.yml)."""
+    scenario = yaml.safe_load((REPO / "molecule" / "numa_vm" / "molecule.yml").read_text())
+    return scenario["provisioner"]["inventory"]["host_vars"][HOST]["numafleet_placements"]
+
+
+def site(tmp_path, name: str, wanted: list, *args: str) -> tuple:
+    """site.yml (or another playbook via args) with numafleet_placements given as extra vars."""
+    extra = tmp_path / f"{name}.json"
+    extra.write_text(json.dumps({"numafleet_placements": wanted}))
+    return run_playbook("../site.yml", "-e", f"@{extra}", *args)

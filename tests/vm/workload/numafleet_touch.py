@@ -32,6 +32,8 @@ def main(argv=None) -> int:
     parser.add_argument("--anon-mib", type=int, default=256)
     parser.add_argument("--hugepages", type=int, default=0)
     parser.add_argument("--hugepage-kb", type=int, default=2048)
+    # Any text, unused: the escaping test passes awkward words through ExecStart= with it.
+    parser.add_argument("--label", default="")
     args = parser.parse_args(argv)
     regions = []
     anon = args.anon_mib * 1024 * 1024
