@@ -101,6 +101,7 @@ class Mutant:
     before: str
     after: str
     occurrence: int = 0
+    stmt_line: int = 0  # first line of the innermost statement: continuation lines never "run"
 
     @property
     def key(self) -> str:
@@ -213,16 +214,32 @@ def find_mutants(source: bytes) -> list[Mutant]:
 
     found: list[Mutant] = []
 
+    statement = [0]
+
     def add(node: ast.AST, operator: str, after: str, function: str, expr: bool) -> None:
         start, end = span(node)
         before = source[start:end].decode()
         if expr:
             after = f"({after})"
+        first = min(statement[0] or node.lineno, node.lineno)
         found.append(
-            Mutant(node.lineno, node.end_lineno, start, end, operator, function, before, after)
+            Mutant(
+                node.lineno,
+                node.end_lineno,
+                start,
+                end,
+                operator,
+                function,
+                before,
+                after,
+                0,
+                first,
+            )
         )
 
     def visit(node: ast.AST, function: str) -> None:
+        if isinstance(node, ast.stmt):
+            statement[0] = node.lineno
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             function = f"{function}.{node.name}" if function else node.name
         if id(node) not in skip:
@@ -245,8 +262,10 @@ def find_mutants(source: bytes) -> list[Mutant]:
                     # A Name index into a dict is a key, not a bound: `d[k]` -> `d[(k) + 1]`
                     # raises for a str key, which the tests see as a kill; cheap and honest.
                     add(index, "slice", ast.unparse(_bumped(index)), function, expr=True)
+        outer = statement[0]
         for child in ast.iter_child_nodes(node):
             visit(child, function)
+            statement[0] = outer
 
     visit(tree, "")
     found.sort(key=lambda m: (m.start, m.end, m.operator, m.after))
@@ -476,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
             del record["start"], record["end"]
             if entry is not None:
                 record.update(status="equivalent", reason=entry["reason"], seconds=0.0)
-            elif not covered.intersection(range(mutant.line, mutant.end_line + 1)):
+            elif not covered.intersection(range(mutant.stmt_line, mutant.end_line + 1)):
                 record.update(status="uncovered", seconds=0.0)
             else:
                 restorer.write(apply(source, mutant))

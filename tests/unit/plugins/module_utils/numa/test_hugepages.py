@@ -144,6 +144,30 @@ def test_parse_pools_refuses_bad_entries(pools, fragment):
     assert fragment in str(err.value)
 
 
+@pytest.mark.parametrize("size_kb", [0, -M2, -1])
+def test_zero_and_negative_page_sizes_are_refused(size_kb):
+    with pytest.raises(hp.HugepageError, match=r"pools\[0\]\.size_kb is -?[0-9]+; it must be"):
+        hp.parse_pools(pools_of((0, size_kb, 1)))
+    with pytest.raises(hp.HugepageError) as err:
+        hp.parse_sizes([G1, size_kb], "boot_reserve_sizes_kb")
+    assert f"boot_reserve_sizes_kb: {size_kb} is not a page size in kB" in str(err.value)
+
+
+@pytest.mark.parametrize(("values", "want"), [([], ()), ([G1, M2, G1], (M2, G1)), ([1], (1,))])
+def test_parse_sizes_sorted_and_distinct(values, want):
+    assert hp.parse_sizes(values, "boot_reserve_sizes_kb") == want
+
+
+@pytest.mark.parametrize("values", [G1, "1048576", [True], ["2M"], [1.0]])
+def test_parse_sizes_refuses_what_is_not_a_list_of_sizes(values):
+    with pytest.raises(hp.HugepageError, match="^boot_reserve_sizes_kb: .* is not a"):
+        hp.parse_sizes(values, "boot_reserve_sizes_kb")
+
+
+def test_smallest_sizes_and_counts_are_taken():
+    assert hp.parse_pools(pools_of((0, 1, 0))) == {(0, 1): 0}
+
+
 @pytest.mark.parametrize(
     ("size", "text"), [(M2, "2M"), (G1, "1G"), (64, "64K"), (16384, "16M"), (16 * G1, "16G")]
 )
