@@ -1022,3 +1022,40 @@ def test_a_state_with_bad_mounts_fails_with_the_fix(mounts):
     text = json.dumps({"version": 1, "mounts": mounts})
     with pytest.raises(hp.HugepageError, match="mounts is not a list of mount unit names"):
         hp.parse_state(text, "/x.json")
+
+
+# --- found unguarded by mutation testing (tests/mutation/README.md) ------------------------------
+
+
+def test_state_file_round_trips_every_field():
+    state = hp.State(
+        managed_sizes_kb=(M2, G1),
+        pools=((0, M2, 512), (1, M2, 256)),
+        boot_reserved_sizes_kb=(G1,),
+        boot_pools=((0, G1, 2), (1, G1, 1)),
+        kernel_args=("hugepagesz=1G", "hugepages=0:2,1:1"),
+        bootloader="grub_d",
+        mounts=("dev-hugepages1G.mount",),
+    )
+    assert hp.parse_state(hp.render_state(state), "/x/hugepages.json") == state
+
+
+@pytest.mark.parametrize(("length", "ok"), [(249, True), (250, False)])
+def test_mount_unit_names_stop_at_255_characters(length, ok):
+    """systemd's unit name limit: 'a' * 249 + '.mount' is 255 characters and still taken."""
+    mounts = [{"path": "/" + "a" * length, "size_kb": M2}]
+    if ok:
+        assert len(hp.parse_mounts(mounts, [M2])[0].unit) == 255
+    else:
+        with pytest.raises(hp.HugepageError, match="is longer than 255 characters"):
+            hp.parse_mounts(mounts, [M2])
+
+
+def test_bootloader_messages_list_the_choices_and_paths(tmp_path):
+    with pytest.raises(hp.HugepageError) as err:
+        hp.resolve_bootloader("lilo", str(tmp_path))
+    assert "bootloader: 'lilo' is not one of auto, grub_d, grubby, none" in str(err.value)
+    with pytest.raises(hp.HugepageError) as err:
+        hp.resolve_bootloader("auto", str(tmp_path))
+    assert "grubby (/usr/sbin/grubby, /sbin/grubby, /usr/bin/grubby)" in str(err.value)
+    assert "GRUB (/etc/default/grub, /usr/sbin/update-grub)" in str(err.value)
