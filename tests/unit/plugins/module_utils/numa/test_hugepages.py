@@ -1059,3 +1059,11 @@ def test_bootloader_messages_list_the_choices_and_paths(tmp_path):
         hp.resolve_bootloader("auto", str(tmp_path))
     assert "grubby (/usr/sbin/grubby, /sbin/grubby, /usr/bin/grubby)" in str(err.value)
     assert "GRUB (/etc/default/grub, /usr/sbin/update-grub)" in str(err.value)
+
+
+@pytest.mark.parametrize("key", ["pools", "boot_pools"])
+def test_a_bad_pool_list_in_the_state_is_named(key):
+    text = json.dumps({"version": 1, key: [{"node": 0, "size_kb": M2, "count": -1}]})
+    with pytest.raises(hp.HugepageError) as err:
+        hp.parse_state(text, "/x/hugepages.json")
+    assert str(err.value).startswith(f"/x/hugepages.json: {key}")
