@@ -30,6 +30,15 @@ LISTS = [
     ("0-6:2/4", [0, 1, 4, 5]),
     ("1023", [1023]),
     ("0, 2", [0, 2]),
+    # The last group of a stride is cut at the end of the range, not dropped.
+    ("0-4:2/4", [0, 1, 4]),
+    ("0-8:1/4", [0, 4, 8]),
+    ("0-3:1/1", [0, 1, 2, 3]),  # a group of one: every CPU
+    # Plain lists out of order, repeated or overlapping come back sorted and unique.
+    ("3,1,3", [1, 3]),
+    ("2,2", [2]),
+    ("0-3,3-5", [0, 1, 2, 3, 4, 5]),
+    ("1048575", [1048575]),  # MAX_CPUS - 1, the highest CPU number taken
 ]
 
 
@@ -56,6 +65,26 @@ def test_parse_cpulist_rejects_with_reason(text, reason):
         parse_cpulist(text)
     assert reason in str(err.value)
     assert repr(text) in str(err.value)
+
+
+@pytest.mark.parametrize("text", ["1048576", "0,1048576", "0-1048576", "1048576-1048577"])
+def test_parse_cpulist_refuses_cpu_numbers_from_max_cpus(text):
+    """CPU numbers stop at MAX_CPUS - 1 (2**20 - 1), on the plain-list path too."""
+    with pytest.raises(CpulistError, match="CPU 1048576 is beyond 1048575"):
+        parse_cpulist(text)
+
+
+@pytest.mark.parametrize("text", ["", "\n", "\x00"])
+def test_parse_cpumask_empty_is_no_cpus(text):
+    assert parse_cpumask(text) == []
+
+
+def test_parse_cpumask_width_limit():
+    """A mask of 2**20 bits (32768 words) is taken; one word more is refused, naming the limit."""
+    widest = ",".join(["1"] + ["0"] * 32767)
+    assert parse_cpumask(widest) == [1048544]
+    with pytest.raises(CpulistError, match="mask wider than 1048576 CPUs"):
+        parse_cpumask("0," + widest)
 
 
 MASKS = [

@@ -144,6 +144,30 @@ def test_parse_pools_refuses_bad_entries(pools, fragment):
     assert fragment in str(err.value)
 
 
+@pytest.mark.parametrize("size_kb", [0, -M2, -1])
+def test_zero_and_negative_page_sizes_are_refused(size_kb):
+    with pytest.raises(hp.HugepageError, match=r"pools\[0\]\.size_kb is -?[0-9]+; it must be"):
+        hp.parse_pools(pools_of((0, size_kb, 1)))
+    with pytest.raises(hp.HugepageError) as err:
+        hp.parse_sizes([G1, size_kb], "boot_reserve_sizes_kb")
+    assert f"boot_reserve_sizes_kb: {size_kb} is not a page size in kB" in str(err.value)
+
+
+@pytest.mark.parametrize(("values", "want"), [([], ()), ([G1, M2, G1], (M2, G1)), ([1], (1,))])
+def test_parse_sizes_sorted_and_distinct(values, want):
+    assert hp.parse_sizes(values, "boot_reserve_sizes_kb") == want
+
+
+@pytest.mark.parametrize("values", [G1, "1048576", [True], ["2M"], [1.0]])
+def test_parse_sizes_refuses_what_is_not_a_list_of_sizes(values):
+    with pytest.raises(hp.HugepageError, match="^boot_reserve_sizes_kb: .* is not a"):
+        hp.parse_sizes(values, "boot_reserve_sizes_kb")
+
+
+def test_smallest_sizes_and_counts_are_taken():
+    assert hp.parse_pools(pools_of((0, 1, 0))) == {(0, 1): 0}
+
+
 @pytest.mark.parametrize(
     ("size", "text"), [(M2, "2M"), (G1, "1G"), (64, "64K"), (16384, "16M"), (16 * G1, "16G")]
 )
@@ -1002,3 +1026,48 @@ def test_a_state_with_bad_mounts_fails_with_the_fix(mounts):
     text = json.dumps({"version": 1, "mounts": mounts})
     with pytest.raises(hp.HugepageError, match="mounts is not a list of mount unit names"):
         hp.parse_state(text, "/x.json")
+
+
+# --- found unguarded by mutation testing (tests/mutation/README.md) ------------------------------
+
+
+def test_state_file_round_trips_every_field():
+    state = hp.State(
+        managed_sizes_kb=(M2, G1),
+        pools=((0, M2, 512), (1, M2, 256)),
+        boot_reserved_sizes_kb=(G1,),
+        boot_pools=((0, G1, 2), (1, G1, 1)),
+        kernel_args=("hugepagesz=1G", "hugepages=0:2,1:1"),
+        bootloader="grub_d",
+        mounts=("dev-hugepages1G.mount",),
+    )
+    assert hp.parse_state(hp.render_state(state), "/x/hugepages.json") == state
+
+
+@pytest.mark.parametrize(("length", "ok"), [(249, True), (250, False)])
+def test_mount_unit_names_stop_at_255_characters(length, ok):
+    """systemd's unit name limit: 'a' * 249 + '.mount' is 255 characters and still taken."""
+    mounts = [{"path": "/" + "a" * length, "size_kb": M2}]
+    if ok:
+        assert len(hp.parse_mounts(mounts, [M2])[0].unit) == 255
+    else:
+        with pytest.raises(hp.HugepageError, match="is longer than 255 characters"):
+            hp.parse_mounts(mounts, [M2])
+
+
+def test_bootloader_messages_list_the_choices_and_paths(tmp_path):
+    with pytest.raises(hp.HugepageError) as err:
+        hp.resolve_bootloader("lilo", str(tmp_path))
+    assert "bootloader: 'lilo' is not one of auto, grub_d, grubby, none" in str(err.value)
+    with pytest.raises(hp.HugepageError) as err:
+        hp.resolve_bootloader("auto", str(tmp_path))
+    assert "grubby (/usr/sbin/grubby, /sbin/grubby, /usr/bin/grubby)" in str(err.value)
+    assert "GRUB (/etc/default/grub, /usr/sbin/update-grub)" in str(err.value)
+
+
+@pytest.mark.parametrize("key", ["pools", "boot_pools"])
+def test_a_bad_pool_list_in_the_state_is_named(key):
+    text = json.dumps({"version": 1, key: [{"node": 0, "size_kb": M2, "count": -1}]})
+    with pytest.raises(hp.HugepageError) as err:
+        hp.parse_state(text, "/x/hugepages.json")
+    assert str(err.value).startswith(f"/x/hugepages.json: {key}")

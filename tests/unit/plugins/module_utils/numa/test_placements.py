@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from fractions import Fraction
 
@@ -17,8 +18,11 @@ from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors impor
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.placements import (
     PLACEMENT_KEYS,
     Hugepages,
+    MigInstance,
     Mps,
     format_kb,
+    parse_hugepages_extra,
+    parse_mig_gpus,
     parse_placements,
     parse_policy,
     parse_size_kb,
@@ -162,6 +166,14 @@ def test_full_placement_parses_into_its_dataclass():
     assert got.environment == (("HF_HOME", "/srv/hf"), ("PORT", "8000"))
     assert (got.allow_span, got.hardening, got.node) == (True, False, 0)
     assert got.where == "numafleet_placements[0] (llm)"
+    assert (got.tenant, got.user, got.group, got.description) == (
+        "team-a",
+        "llm",
+        "llm",
+        "LLM server",
+    )
+    # every field is set, so asdict (and the plan built from it) sees each one
+    assert set(dataclasses.asdict(got)) == {f.name for f in dataclasses.fields(got)}
 
 
 def test_defaults():
@@ -749,3 +761,187 @@ def test_bad_policy(policy, message):
 def test_placements_must_be_a_list():
     with pytest.raises(PlacementError, match="host h: numafleet_placements must be a list"):
         parse_placements("h", {"name": "x"}, [])
+
+
+# ---------------------------------------------------------------------------------------------
+# Behaviours found unguarded by mutation testing (make mutation, tests/mutation/README.md)
+
+
+@pytest.mark.parametrize("prefix", ["+", "!", "@", "-", "!!", ":"])
+@pytest.mark.parametrize("program", ["python3", "/usr/bin/serve"])
+def test_exec_start_prefixes_are_refused(prefix, program):
+    """systemd reads + ! @ - : before the program as flags: exec never carries them."""
+    with pytest.raises(PlacementError, match="neither an absolute path nor a plain program name"):
+        parse(placement(exec=f"{prefix}{program} --port 8000"))
+
+
+@pytest.mark.parametrize(("text", "program"), [("python3 -m serve", "python3"), ("/a/b x", "/a/b")])
+def test_exec_plain_program_names_and_paths_are_taken(text, program):
+    assert parse(placement(exec=text))[0].argv[0] == program
+
+
+@pytest.mark.parametrize(
+    ("reserved", "cpus"),
+    [(0, (0,)), ([0], (0,)), ("0", (0,)), (" 0 ", (0,)), (["0"], (0,)), ([0, "0"], (0,))],
+)
+def test_reserved_cpu_zero_is_a_cpu(reserved, cpus):
+    assert parse_policy(HOST, {"reserved_cpus": reserved}).reserved_cpus == cpus
+
+
+@pytest.mark.parametrize("reserved", [-1, [-1], ["-1"], "-1", True, [True], 1.0])
+def test_reserved_cpu_minus_one_never_reaches_the_plan(reserved):
+    with pytest.raises(PlacementError, match="numafleet_reserved_cpus"):
+        parse_policy(HOST, {"reserved_cpus": reserved})
+
+
+UUID = "GPU-5d5a9f7e-0c3b-4f1e-9d1c-6f0c2b7a1e11"
+
+
+def test_mig_gpu_declared_by_uuid_or_address():
+    got = parse_mig_gpus(
+        HOST,
+        [
+            {"gpu": f" {UUID} ", "layout": ["3g.40gb", {"profile": "1g.10gb", "start": 6}]},
+            {"gpu": "0000:17:00.0", "mode": "disabled"},
+            {"gpu": "4B:00.0", "layout": []},
+        ],
+    )
+    assert [(g.index, g.gpu, g.mode) for g in got] == [
+        (0, UUID, "enabled"),  # a UUID keeps its case
+        (1, "0000:17:00.0", "disabled"),
+        (2, "4b:00.0", "enabled"),  # an address is lower-cased
+    ]
+    assert got[0].layout == (MigInstance("3g.40gb", None, None), MigInstance("1g.10gb", 6, None))
+    assert got[1].layout is None
+    assert got[2].layout == ()
+    assert parse_mig_gpus(HOST, None) == []
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"gpu": UUID}, "numafleet_mig_gpus: {'gpu'"),
+        ([UUID], f"numafleet_mig_gpus[0]: '{UUID}' is not a mapping"),
+        ([{"gpu": " "}], "numafleet_mig_gpus[0].gpu: ' ' is not a GPU"),
+        ([{"gpu": 0}], "numafleet_mig_gpus[0].gpu: 0 is not a GPU"),
+        ([{"gpu": UUID, "mode": True}], "numafleet_mig_gpus[0].mode: True is not one of"),
+        ([{"gpu": UUID, "layout": "3g.40gb"}], "numafleet_mig_gpus[0].layout: '3g.40gb' is not a"),
+        (
+            [{"gpu": UUID, "mode": "disabled", "layout": ["3g.40gb"]}],
+            "numafleet_mig_gpus[0].layout: a GPU with mode: disabled has no MIG instances",
+        ),
+        (
+            [{"gpu": UUID}, {"gpu": f"{UUID} "}],
+            f"numafleet_mig_gpus[1].gpu: {UUID} is also numafleet_mig_gpus[0]",
+        ),
+        (
+            [{"gpu": "0000:17:00.0"}, {"gpu": "0000:17:00.0".upper()}],
+            "numafleet_mig_gpus[1].gpu: 0000:17:00.0 is also",
+        ),
+        ([{"gpu": UUID, "layout": [3]}], "layout[0]: 3 is neither a profile name nor a mapping"),
+        ([{"gpu": UUID, "layout": [{"start": 0}]}], "layout[0]: profile is missing"),
+        ([{"gpu": UUID, "layout": ["3g"]}], "layout[0].profile: '3g' is not a GPU-instance"),
+        (
+            [{"gpu": UUID, "layout": [{"profile": "1g.10gb", "start": -1}]}],
+            "layout[0].start: -1 is not a placement start",
+        ),
+        (
+            [{"gpu": UUID, "layout": [{"profile": "1g.10gb", "compute_profile": "x"}]}],
+            "layout[0].compute_profile: 'x' is not a compute-instance profile name",
+        ),
+        (
+            [{"gpu": UUID, "layout": [{"profile": "2g.20gb", "compute_profile": "1c.1g.10gb"}]}],
+            "layout[0].compute_profile: '1c.1g.10gb' is not a compute-instance profile of 2g.20gb",
+        ),
+    ],
+)
+def test_bad_mig_gpus(raw, message):
+    with pytest.raises(PlacementError) as err:
+        parse_mig_gpus("h", raw)
+    assert str(err.value).startswith("host h: ")
+    assert message in str(err.value)
+
+
+def test_mig_compute_profiles():
+    got = parse_mig_gpus(
+        HOST,
+        [
+            {
+                "gpu": UUID,
+                "layout": [
+                    {"profile": "2g.20gb", "compute_profile": "1c.2g.20gb", "start": 0},
+                    {"profile": "1g.10gb", "compute_profile": "1g.10gb"},  # the whole instance
+                ],
+            }
+        ],
+    )
+    assert got[0].layout == (
+        MigInstance("2g.20gb", 0, "1c.2g.20gb"),
+        MigInstance("1g.10gb", None, None),
+    )
+
+
+@pytest.mark.parametrize(
+    ("size", "kb"),
+    [("2M", 2048), ("1G", 1048576), (2048, 2048), ("2048", 2048), (" 2048 ", 2048), ("64kB", 64)],
+)
+def test_hugepages_extra_sizes(size, kb):
+    got = parse_hugepages_extra(HOST, [{"node": 0, "size": size, "count": 0}])
+    assert [(e.index, e.node, e.size_kb, e.count) for e in got] == [(0, 0, kb, 0)]
+    assert parse_hugepages_extra(HOST, None) == []
+
+
+@pytest.mark.parametrize(
+    "size", [0, -2048, "0", "-2M", "0M", "3M", "2K", 3072, True, None, "2 M x"]
+)
+def test_zero_negative_and_odd_page_sizes_are_refused(size):
+    with pytest.raises(PlacementError, match=r"numafleet_hugepages_extra\[0\]\.size: .* is not a"):
+        parse_hugepages_extra(HOST, [{"node": 0, "size": size, "count": 1}])
+    with pytest.raises(PlacementError, match=r"\.hugepages\.size: .* is not a hugepage size"):
+        parse(placement(hugepages={"size": size, "count": 1}))
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"node": 0}, "numafleet_hugepages_extra: {'node': 0} is not a list"),
+        ([5], "numafleet_hugepages_extra[0]: 5 is not a mapping"),
+        ([{"node": -1, "size": "2M", "count": 1}], "[0].node: -1 is not a NUMA node id"),
+        ([{"node": True, "size": "2M", "count": 1}], "[0].node: True is not a NUMA node id"),
+        ([{"node": 0, "size": "2M", "count": -1}], "[0].count: -1 is not a count >= 0"),
+        ([{"node": 0, "size": "2M", "count": "1"}], "[0].count: '1' is not a count >= 0"),
+        ([{"node": 0, "size": "2M", "count": 1, "nodes": 1}], "nodes"),
+    ],
+)
+def test_bad_hugepages_extra(raw, message):
+    with pytest.raises(PlacementError) as err:
+        parse_hugepages_extra("h", raw)
+    assert str(err.value).startswith("host h: numafleet_hugepages_extra")
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize("count", [0, -1, "1", True, None])
+def test_placement_hugepage_count_is_at_least_one(count):
+    with pytest.raises(PlacementError, match=r"\.hugepages\.count: .* is not a count >= 1"):
+        parse(placement(hugepages={"size": "2M", "count": count}))
+
+
+@pytest.mark.parametrize(("pct", "ok"), [(1, True), (100, True), (0, False), (101, False)])
+def test_mps_active_thread_percentage_is_1_to_100(pct, ok):
+    entry = placement(gpus=1, mps={"active_thread_percentage": pct})
+    if ok:
+        assert parse(entry)[0].mps == Mps(pct, None)
+    else:
+        with pytest.raises(PlacementError, match=f"active_thread_percentage: {pct} is not a"):
+            parse(entry)
+
+
+def test_mig_messages_show_an_example_to_copy():
+    with pytest.raises(PlacementError) as err:
+        parse_mig_gpus("h", "x")
+    assert "write a list of {gpu: 0000:17:00.0, mode: enabled, layout: [3g.40gb, 2g.20gb]}" in str(
+        err.value
+    )
+    with pytest.raises(PlacementError) as err:
+        parse_mig_gpus("h", [{"gpu": UUID, "layout": [{"start": 1}]}])
+    assert "profile is missing; write {profile: 3g.40gb, start: 4}" in str(err.value)
