@@ -160,6 +160,12 @@ class ActionModule(ControllerAction):
             result.update(failed=True, msg=msg)
             return result
 
+        if changes is not None:
+            # A manifest that is a link, malformed or foreign stops its apply module; refuse the
+            # host here, before the gate, so that no earlier layer changes first.
+            changes["refused"] += [
+                f"host {host}: {text}" for text in (recorded or {}).get("manifest_errors") or ()
+            ]
         if changes is not None and changes["refused"] and not args["refuse"]:
             # A report (drift_check.yml): what site.yml would refuse is part of the change plan.
             changes["lines"] += [

@@ -182,6 +182,21 @@ def _has_control(text: str) -> bool:
     return any(ord(char) < 0x20 or 0x7F <= ord(char) < 0xA0 for char in text)
 
 
+# Mount points refused: a hugetlbfs mount hides what is below it, so not on the directories the
+# system lives in (FHS top level and their main subdirectories) nor anywhere under the trees
+# that hold the OS, its configuration, kernel interfaces or users' homes.
+_SYSTEM_DIRS = frozenset(
+    "/bin /boot /dev /etc /home /lib /lib32 /lib64 /libx32 /media /mnt /opt /proc /root /run "
+    "/sbin /srv /sys /tmp /usr /var /dev/shm /dev/pts /dev/mqueue /run/lock /run/user "
+    "/run/systemd /var/lib /var/log /var/tmp /var/cache /var/spool /var/run /var/lock".split()
+)
+_SYSTEM_TREES = tuple(
+    f"{top}/"
+    for top in "/proc /sys /etc /boot /usr /bin /sbin /lib /lib32 /lib64 /libx32 "
+    "/root /home".split()
+)
+
+
 def parse_mounts(mounts, offered_sizes) -> tuple:
     """Mounts of the ``mounts`` option, sorted by path; raises HugepageError naming the entry.
 
@@ -222,6 +237,12 @@ def parse_mounts(mounts, offered_sizes) -> tuple:
                 "refuses in a mount point: give the path without them"
             )
         normal = _simplify(path)
+        if normal in _SYSTEM_DIRS or normal.startswith(_SYSTEM_TREES):
+            raise HugepageError(
+                f"{where}.path is {path!r}; a hugetlbfs mount there would hide the system's own "
+                "files under it (or a kernel interface): give a directory of its own, such as "
+                "/dev/hugepages1G or /mnt/huge"
+            )
         try:
             # Where= and the Description= carry the path: it must read back exactly.
             unit_path_value(normal, f"{where}.path")

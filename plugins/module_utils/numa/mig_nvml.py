@@ -16,6 +16,7 @@ from . import gpu as gpumod
 from .errors import MigBackendError, MigError
 from .files import read_text
 from .mig import (
+    BOOT_PROGRAM,
     CI_PROFILE_IDS,
     CREATE_CI,
     CREATE_GI,
@@ -486,6 +487,22 @@ def _fail_state(path: str, reason: str) -> MigError:
     return MigError(f"{path}: {reason}")
 
 
+def _is_our_boot_program(text: str) -> bool:
+    """Whether ``text`` is a boot program this module wrote (this release's or an earlier one)."""
+    return text == BOOT_PROGRAM or "# Written by numafleet.tuning (nvidia_mig)" in text[:200]
+
+
+def _refuse_foreign(root: str, path: str, option: str, ours) -> None:
+    """Raise MigError when a file numafleet did not write (``ours`` false) is at ``path``."""
+    text = read_files(root, [path])[path]
+    if text is not None and not ours(text):
+        raise MigError(
+            f"{option}: {path} holds a file numafleet did not write; it is never overwritten "
+            f"(nor removed later). Give {option} a path of its own, or move that file away; no "
+            "GPU was changed"
+        )
+
+
 def run(params: dict, check_mode: bool, runner, which, load_nvml) -> dict:
     """The nvidia_mig module's result for its ``params``; raises NumaTuneError.
 
@@ -503,6 +520,20 @@ def run(params: dict, check_mode: bool, runner, which, load_nvml) -> dict:
         parted = check_host_path("mig_parted_config", parted)
     render = bool(params.get("snapshot"))
     systemd = params["service_manager"] == "systemd" and not render
+    root = params["root"]
+    if not os.path.isabs(root):
+        raise MigError(
+            f"root: {root!r} is not an absolute path; give / (the host itself) or an absolute "
+            "render directory"
+        )
+    # Read and check what is on disk before any GPU is changed: a foreign or corrupt state file,
+    # or a file numafleet did not write at the boot program or mig-parted path, stops here.
+    state_text = read_text(root, state_path, _fail_state)  # a link is refused, never followed
+    earlier = recorded_parted_path(state_text, under_root(root, state_path))
+    if requests:
+        _refuse_foreign(root, program_path, "boot_program_path", _is_our_boot_program)
+        if parted:
+            _refuse_foreign(root, parted, "mig_parted_config", is_our_parted_config)
     outcome = Outcome((), (), (), (), (), ())
     if requests:
         backend = choose_backend(
@@ -527,20 +558,12 @@ def run(params: dict, check_mode: bool, runner, which, load_nvml) -> dict:
             )
         finally:
             backend.close()
-    root = params["root"]
-    if not os.path.isabs(root):
-        raise MigError(
-            f"root: {root!r} is not an absolute path; give / (the host itself) or an absolute "
-            "render directory"
-        )
     # Every file this module can write; with no GPU requested none is wanted, and the ones an
     # earlier run wrote are removed (the boot unit disabled first), so a host whose MIG
     # declarations went away does not re-create an old layout at boot. A mig-parted config an
     # earlier run wrote elsewhere (recorded in the state file) is removed too.
     owned = desired_files(outcome, state_path, program_path, unit_dir, parted)
     desired = owned if requests else {}
-    state_text = read_text(root, state_path, _fail_state)  # a link is refused, never followed
-    earlier = recorded_parted_path(state_text, under_root(root, state_path))
     kept = []
     if earlier and earlier not in owned:
         # Only a file that is still the config this module wrote is removed.

@@ -572,6 +572,13 @@ def _identity(host: str, where: str, entry: dict) -> tuple:
                 f"({GENERATED_UNIT_PREFIX}*.service, one per exec placement); pin your own "
                 "service's unit, or give this placement exec: and let the collection write its unit",
             )
+        if unit.startswith("nvidia-mps@"):
+            raise _fail(
+                host,
+                f"{where}.unit: {unit} is an MPS control daemon, which this collection runs and "
+                "pins itself (numafleet.tuning.nvidia_mps: on its GPU's node, from the clients' "
+                "mps: settings); give the placements that use it mps: instead of pinning it",
+            )
         return None, (), unit, None, None
     argv = _split_exec(host, where, exec_text)
     for key, value in (("user", user), ("group", group)):

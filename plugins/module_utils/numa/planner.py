@@ -363,6 +363,11 @@ class _Host:
                 f"node {nid} gets no placement: numa_facts could not use its CPU list or "
                 f"meminfo ({self.untrusted[nid]}); fix the host's sysfs and gather facts again"
             )
+        for finding in numa.get("consistency") or ():
+            # A device that names a node that does not exist: its locality is taken as unknown
+            # (or inferred from its local_cpulist); say so in the plan, not only in the facts.
+            if isinstance(finding, dict) and finding.get("kind") == "device_on_missing_node":
+                self.facts_warnings.append(str(finding.get("message")))
         unsure = [cpu for cpu, listed in siblings.items() if listed is None and cpu in self.online]
         if unsure:
             self.facts_warnings.append(

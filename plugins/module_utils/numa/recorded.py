@@ -103,7 +103,18 @@ def read_recorded(root: str, plan_path: str = PLAN_PATH, manifest_paths=MANIFEST
     as theirs (outside /etc/systemd/system, a link, content changed since it was written:
     units.removable) has "kept" as its digest and a message in kept.
     """
-    state, kind, plan, error = _read_plan(under_root(root, plan_path))
+    try:
+        # A linked directory on the way (``/etc/numafleet`` a link): never read through it.
+        files.lstat_file(root, plan_path, _fail)
+    except NumaTuneError as exc:
+        state, kind, plan, error = (
+            "invalid",
+            "link",
+            None,
+            f"cannot be reached without a link ({exc})",
+        )
+    else:
+        state, kind, plan, error = _read_plan(under_root(root, plan_path))
     found_files: dict = {}
     errors, kept = [], []
     for manifest in manifest_paths:

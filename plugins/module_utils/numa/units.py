@@ -1007,13 +1007,27 @@ def in_unit_dir(path: str, unit_dir: str) -> bool:
     return parent == unit_dir and _manifest_file_ok(path)
 
 
+# The names this collection gives the files it writes in a unit directory: its own services and
+# slices, the MPS daemon template, and drop-ins (which pin a unit, and are removed as such). No
+# other unit is ever removed, whatever a manifest lists and whatever its sha256.
+_OWN_UNIT = re.compile(
+    r"(numafleet-[^/]+\.service|numafleet(-[^/]+)?\.slice|nvidia-mps@\.service)\Z"
+)
+
+
+def own_name(path: str) -> bool:
+    """Whether ``path``'s name is one numafleet gives its files: ``numafleet-*.service``,
+    ``numafleet*.slice``, ``nvidia-mps@.service`` or a ``<unit>.d/50-numafleet.conf`` drop-in."""
+    return is_dropin(path) or bool(_OWN_UNIT.match(posixpath.basename(path)))
+
+
 def removable(
     root: str, manifest: Manifest, desired, unit_dir: Optional[str], header: str = DEFAULT_HEADER
 ) -> tuple:
     """(files of ``manifest`` that may be removed, [Kept]) for a run that wants ``desired``.
 
-    A listed file no longer desired is removable only when it is in ``unit_dir`` (unit, slice
-    or numafleet drop-in name), is a regular file reached without a link, and its sha256 equals
+    A listed file no longer desired is removable only when it has a name numafleet gives its
+    files (``own_name``), is in ``unit_dir``, is a regular file reached without a link, and its sha256 equals
     the one recorded (version 1 manifests: it starts with ``header``). Absent files need
     nothing and are in neither list. ``unit_dir`` None skips the directory check (numa_facts,
     which does not know the unit_dir the roles pass). Raises UnitFileError when a listed file
@@ -1023,6 +1037,16 @@ def removable(
     first = header.rstrip("\n") + "\n" if header.strip() else None
     for path in manifest.files:
         if path in desired:
+            continue
+        if not own_name(path):
+            kept.append(
+                Kept(
+                    path,
+                    "is not named as numafleet names its files (numafleet-*.service, "
+                    "numafleet*.slice, nvidia-mps@.service, <unit>.d/50-numafleet.conf)",
+                    manifest.path,
+                )
+            )
             continue
         if unit_dir is not None and not in_unit_dir(path, unit_dir):
             kept.append(Kept(path, f"is not a unit file in unit_dir {unit_dir}", manifest.path))

@@ -157,3 +157,41 @@ def test_a_renderer_option_error_names_the_host_and_the_role_input(a100_facts, a
     assert result["failed"] is True
     assert result["msg"].startswith(f"host gpu-a100-01: {fragment}"), result["msg"]
     assert result["msg"].isprintable(), repr(result["msg"])
+
+
+def test_a_manifest_the_apply_modules_refuse_stops_the_host_before_the_gate(a100_facts, tmp_path):
+    """Before: the plan passed, the earlier roles applied, and pinned_units failed last."""
+    from ansible_collections.numafleet.tuning.plugins.module_utils.numa.recorded import (
+        read_recorded,
+    )
+
+    root = tmp_path / "root"
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "manifest.json").write_text('{"version": 2, "files": {}, "units": []}\n')
+    (root / "etc/numafleet").mkdir(parents=True)
+    (root / "etc/numafleet/manifest.json").symlink_to(outside / "manifest.json")
+    facts = dict(a100_facts, numafleet_recorded=read_recorded(str(root)))
+    assert facts["numafleet_recorded"]["manifest_errors"]
+    result = run_action({"placements": [LLM], "changes": True}, facts)
+    assert result["failed"] is True
+    assert result["msg"].startswith("host gpu-a100-01: ") and "manifest.json" in result["msg"]
+    # drift_check.yml (refuse: false) reports it in the change plan instead
+    report = run_action({"placements": [LLM], "changes": True, "refuse": False}, facts)
+    assert not report.get("failed")
+    assert any("site.yml would refuse this run" in line for line in report["changes"])
+
+
+def test_a_plan_file_behind_a_linked_directory_is_not_read(tmp_path):
+    from ansible_collections.numafleet.tuning.plugins.module_utils.numa.recorded import (
+        read_recorded,
+    )
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "plan.json").write_text('{"version": 1, "host": "h", "placements": []}\n')
+    (tmp_path / "root/etc").mkdir(parents=True)
+    (tmp_path / "root/etc/numafleet").symlink_to(elsewhere)
+    recorded = read_recorded(str(tmp_path / "root"))
+    assert (recorded["state"], recorded["kind"], recorded["plan"]) == ("invalid", "link", None)
+    assert "cannot be reached without a link" in recorded["error"]

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pynvml
+import pytest
 
 UNIT = Path(__file__).parents[2]
 if str(UNIT) not in sys.path:
@@ -217,3 +218,26 @@ def test_a_linked_state_file_is_refused(run_module, tmp_path):
     result = run_module("nvidia_mig", args)
     assert result["failed"] is True and "symbolic link" in result["msg"]
     assert outside.read_text() == "{}"
+
+
+@pytest.mark.parametrize(
+    ("option", "path"),
+    [("mig_parted_config", "/etc/ssh/sshd_config"), ("boot_program_path", "/usr/bin/python3")],
+)
+def test_a_file_numafleet_did_not_write_is_never_overwritten(run_module, tmp_path, option, path):
+    """Failed before: the admin's file was replaced by numafleet's, and removed by a later run."""
+    args = dict(render_args(tmp_path), **{option: path})
+    foreign = tmp_path / "root" / path.lstrip("/")
+    foreign.parent.mkdir(parents=True)
+    foreign.write_text("PermitRootLogin no\n")
+    for check_mode in (True, False):
+        result = run_module("nvidia_mig", args, check_mode=check_mode)
+        assert result["failed"] is True
+        assert result["msg"].startswith(f"{option}: {path} holds a file numafleet did not write")
+        assert "no GPU was changed" in result["msg"]
+        assert foreign.read_text() == "PermitRootLogin no\n"
+    assert not (tmp_path / "root/etc/numafleet/mig.json").exists()
+    # Its own file at that path is rewritten as usual.
+    foreign.unlink()
+    assert run_module("nvidia_mig", args)["failed"] is False
+    assert run_module("nvidia_mig", args)["changed"] is False

@@ -318,7 +318,7 @@ def _sha(path) -> str:
 
 def _tamper(scratch, version) -> None:
     """A manifest that lists a vendor unit, an admin unit and a path outside the unit dirs."""
-    for path in (VENDOR, OUTSIDE):
+    for path in (VENDOR, ADMIN, OUTSIDE):
         real = scratch / path.lstrip("/")
         real.parent.mkdir(parents=True, exist_ok=True)
         real.write_text("[Service]\nExecStart=/usr/sbin/sshd -D\n")
@@ -326,10 +326,9 @@ def _tamper(scratch, version) -> None:
     data = json.loads(manifest.read_text())
     if version == 1:
         data = {"version": 1, "files": sorted([*data["files"], VENDOR, ADMIN, OUTSIDE])}
-    else:  # even with each file's real sha256 recorded, only the unit dir counts
-        for path in (VENDOR, OUTSIDE):
+    else:  # even with each file's real sha256 recorded: only numafleet's own names count
+        for path in (VENDOR, ADMIN, OUTSIDE):
             data["files"][path] = _sha(scratch / path.lstrip("/"))
-        data["files"][ADMIN] = "0" * 64
     manifest.write_text(json.dumps(data))
 
 
@@ -353,13 +352,13 @@ def test_foreign_manifest_entries_are_kept_never_disabled(
     assert sorted(kept) == sorted(
         [ADMIN, OUTSIDE, VENDOR, "/etc/systemd/system/numafleet-b.service"]
     )
-    assert "not a unit file in unit_dir /etc/systemd/system" in kept[VENDOR]
-    assert "not a unit file in unit_dir" in kept[OUTSIDE]
+    for path in (VENDOR, ADMIN, OUTSIDE):
+        assert "is not named as numafleet names its files" in kept[path]
     edited = kept["/etc/systemd/system/numafleet-b.service"]
     if version == 2:
-        assert "content changed since numafleet wrote it" in edited and "sha256" in kept[ADMIN]
+        assert "content changed since numafleet wrote it" in edited
     else:
-        assert "does not start with the header" in edited and "header" in kept[ADMIN]
+        assert "does not start with the header" in edited
     # only the unedited file numafleet wrote goes
     assert result["would_run"][0] == "systemctl disable --now numafleet-c.service"
     assert not [line for line in result["would_run"] if "sshd" in line or "foreign" in line]

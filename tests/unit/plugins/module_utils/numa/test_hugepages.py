@@ -860,6 +860,14 @@ def test_parse_mounts_normalizes_defaults_and_sorts():
         ([{"path": "/dev/hp\\", "size_kb": M2}], "ends in a backslash"),
         ([{"path": "/dev/hp ", "size_kb": M2}], "ends with a space"),
         ([{"path": "/dev/hp\u2028x", "size_kb": M2}], "U+2028"),
+        # A mount hides what is below it: never on the system's own directories.
+        ([{"path": "/etc", "size_kb": M2}], "mounts[0].path is '/etc'; a hugetlbfs mount there"),
+        ([{"path": "/usr/", "size_kb": M2}], "would hide the system's own files"),
+        ([{"path": "/var/lib", "size_kb": M2}], "would hide the system's own files"),
+        ([{"path": "/dev", "size_kb": M2}], "would hide the system's own files"),
+        ([{"path": "/etc/ssh", "size_kb": M2}], "would hide the system's own files"),
+        ([{"path": "/sys/fs/x", "size_kb": M2}], "would hide the system's own files"),
+        ([{"path": "/home/alice", "size_kb": M2}], "would hide the system's own files"),
     ],
 )
 def test_parse_mounts_refuses_bad_entries(mounts, fragment):
@@ -1071,3 +1079,9 @@ def test_a_bad_pool_list_in_the_state_is_named(key):
     with pytest.raises(hp.HugepageError) as err:
         hp.parse_state(text, "/x/hugepages.json")
     assert str(err.value).startswith(f"/x/hugepages.json: {key}")
+
+
+@pytest.mark.parametrize("path", ["/dev/hugepages1G", "/mnt/huge", "/run/hugepages", "/srv/hp"])
+def test_mount_points_of_their_own_are_accepted(path):
+    (mount,) = hp.parse_mounts([{"path": path, "size_kb": M2}], [M2, G1])
+    assert mount.path == path

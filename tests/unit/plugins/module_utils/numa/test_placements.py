@@ -360,6 +360,12 @@ BAD_PLACEMENTS = [
         "as vllm@1.service",
     ),
     (
+        "MPS daemon unit",
+        placement(exec=None, unit="nvidia-mps@GPU-fdb5df64-11ce-5c72-a560-9702875cecd6.service"),
+        f"{P0}.unit: nvidia-mps@GPU-fdb5df64-11ce-5c72-a560-9702875cecd6.service is an MPS "
+        "control daemon, which this collection runs and pins itself",
+    ),
+    (
         "name is a number",
         placement(name=123),
         'numafleet_placements[0].name: 123 is a number, not a string; quote it in YAML (name: "123")',

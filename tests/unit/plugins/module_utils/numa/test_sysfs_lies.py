@@ -478,3 +478,15 @@ def test_a_node_cpulist_beyond_the_possible_cpus_is_unknown(fixture_root, rel, c
     assert "beyond the possible CPUs 0-3" in warned(facts, root, rel)
     assert node(facts, 1)["kind"] == "unknown" and node(facts, 1)["cpus"] == []
     assert finding(facts, "cpus_without_node")["cpus"] == [2, 3]
+
+
+def test_a_device_on_a_missing_node_is_named_in_the_plan_warnings(fixture_root):
+    """Before: only the facts said so; site.yml printed nothing."""
+    nic = f"{PCI}/0000:00:02.0"
+    root = edited(
+        fixture_root, QEMU, {f"{nic}/numa_node": b"5\n", f"{nic}/local_cpulist": b"2-3\n"}
+    )
+    plan = plan_of(root, [p("a", cpus=1, memory="64M")])
+    (warning,) = [w for w in plan["warnings"] if "0000:00:02.0" in w]
+    assert warning.startswith("facts: PCI device 0000:00:02.0")
+    assert f"{nic}/numa_node" in warning and "which does not exist" in warning
