@@ -453,9 +453,9 @@ ansible_facts:
               C(restart_if_running) (vendor units pinned by a drop-in), C(restart_through) and
               C(stop_through) (unit -> the C(Requires=)/C(BindsTo=)/C(PartOf=) that makes systemd
               restart or stop it), C(awaiting_restart) (with O(restart=never)), C(not_removed)
-              (host paths a manifest lists that are no longer as numafleet wrote them: edited, a
-              link, or outside the unit directory; the apply modules keep them, never stopped or
-              deleted) and C(reload).
+              (host paths a manifest lists that are no longer as numafleet wrote them, for example
+              edited, a link, or outside the unit directory; the apply modules keep them, never
+              stopped or deleted) and C(reload).
           type: dict
           sample: {start: [], stop: [], restart: [numafleet-rerank-b.service], restart_through: {}}
         mig:

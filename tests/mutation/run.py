@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Mutation testing of the core with the standard library only (tests/mutation/README.md).
 
     python tests/mutation/run.py plugins/module_utils/numa/cpulist.py [--sample N] [--seed S]
@@ -421,7 +420,7 @@ def _interrupt(signum, frame):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("file", help="source file, relative to the repository root")
     parser.add_argument("--tests", nargs="+", help="test files (default: SELECTION[file])")
     parser.add_argument("--sample", type=int, default=0, help="run N mutants drawn with --seed")
