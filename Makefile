@@ -26,7 +26,7 @@ export PATH := $(BIN):$(PATH)
 export ANSIBLE_NOCOLOR := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: bench gpu-proof help setup demo docs test lint ruff yamllint ansible-lint sanity units security integration system vm vm-up vm-verify vm-login vm-down changelog-lint changelog format clean
+.PHONY: bench gpu-proof mutation help setup demo docs test lint ruff yamllint ansible-lint sanity units security integration system vm vm-up vm-verify vm-login vm-down changelog-lint changelog format clean
 
 help:
 	@echo "make setup          create .venv from requirements-dev.txt and the .collections symlink"
@@ -38,6 +38,7 @@ help:
 	@echo "make bench          the benchmarks (facts, planner, 50-200 host fleet; about 40 minutes), results in benchmarks/results/"
 	@echo "make integration    ansible-test integration on a copy of the tree"
 	@echo "make gpu-proof      on an NVIDIA GPU host: the GPU proof kit (tests/gpu/README.md), evidence in reports/gpu-proof/"
+	@echo "make mutation       mutation testing of the core files (tests/mutation/README.md; not in make test)"
 	@echo "make docs           regenerate docs/host_variables.md from the schema of the host variables"
 	@echo "make format         ruff format + safe ruff fixes on plugins/ tests/ benchmarks/ .ci/ docs/"
 	@echo "make changelog      release notes for galaxy.yml's version from changelogs/fragments"
@@ -119,6 +120,17 @@ bench: setup
 GPU_PROOF_OUT ?= reports/gpu-proof
 gpu-proof:
 	bash tests/gpu/run.sh $(GPU_PROOF_OUT)
+
+# Not part of `make test`: minutes per file. One file at a time, niced; report in reports/mutation/.
+# MUTATION_FILES="plugins/module_utils/numa/cpulist.py" MUTATION_ARGS="--sample 100" to narrow it.
+MUTATION_FILES ?= $(addprefix plugins/module_utils/numa/,cpulist.py placements.py hugepages.py units.py files.py mps.py)
+MUTATION_ARGS ?=
+mutation: setup
+	rc=0; \
+	for file in $(MUTATION_FILES); do \
+	  nice -n 15 $(BIN)/python tests/mutation/run.py "$$file" $(MUTATION_ARGS) || rc=1; \
+	done; \
+	exit $$rc
 
 integration: setup
 	.ci/ansible-test integration $(ANSIBLE_TEST_ARGS)
