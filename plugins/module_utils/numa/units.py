@@ -318,8 +318,7 @@ def calendar_value(value: str, what: str) -> str:
     would change (quotes, backslashes, ``%``, control characters, outer spaces). Raises
     UnitRenderError.
     """
-    check_line(value if isinstance(value, str) else str(value), what)
-    if not _CALENDAR.match(value):
+    if not isinstance(value, str) or not _CALENDAR.match(check_line(value, what)):
         raise UnitRenderError(
             f"{what}: {value!r} is not a calendar expression of letters, digits, spaces and "
             ":*,./~_+@- (no quotes, backslashes or %); write e.g. daily or *-*-* 03:00:00"
