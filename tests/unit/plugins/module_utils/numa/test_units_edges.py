@@ -3,6 +3,7 @@ testing (issue 19, section 5). Each test states a behaviour systemd depends on."
 
 from __future__ import annotations
 
+import plan_shapes  # tests/unit/plan_shapes.py (on sys.path through tests/unit/conftest.py)
 import pytest
 
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa import units
@@ -553,3 +554,31 @@ def test_read_errors_name_the_fix(tmp_path):
         units.read_files(str(tmp_path), ["/d.service"])
     (tmp_path / "l.service").symlink_to(tmp_path / "d.service")
     assert units.read_files(str(tmp_path), ["/l.service"]) == {"/l.service": None}
+
+
+def test_a_hardened_service_carries_every_protection():
+    """The settings numafleet's services run under (README, security model); never PrivateDevices=."""
+    plan = {"version": 1, "host": "h", "placements": [plan_shapes.placement()], "tenants": []}
+    text = units.render_files(plan)[f"{UNIT_DIR}/numafleet-llm.service"]
+    service = text.split("[Service]\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert service[-10:] == [
+        "NoNewPrivileges=yes",
+        "ProtectSystem=full",
+        "ProtectHome=read-only",
+        "PrivateTmp=yes",
+        "ProtectKernelTunables=yes",
+        "ProtectKernelModules=yes",
+        "ProtectControlGroups=yes",
+        "RestrictSUIDSGID=yes",
+        "LockPersonality=yes",
+        "RestrictRealtime=yes",
+    ]
+    assert "PrivateDevices" not in text
+
+
+def test_a_tenant_without_placements_gets_no_slice():
+    tenant = {"name": "t", "slice": "numafleet-t.slice", "cpus": [0], "mems": [0]}
+    plan = {"version": 1, "host": "h", "placements": [], "tenants": [tenant]}
+    assert units.render_files(plan) == {}
+    tenant["placements"] = ["llm"]
+    assert list(units.render_files(plan)) == [S]
