@@ -147,14 +147,6 @@ def check_text(value: str, what: str) -> str:
     return value
 
 
-def _ends_escaped(text: str) -> bool:
-    """Whether systemd pairs every backslash of ``text`` left to right and one is left at the end."""
-    escaped = False
-    for char in text:
-        escaped = False if escaped else char == "\\"
-    return escaped
-
-
 def check_line(value: str, what: str) -> str:
     """``value`` unchanged when systemd reads it back as written on an unquoted line.
 
