@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 
@@ -494,3 +495,98 @@ def test_a_lock_file_that_is_a_link_or_not_a_file_is_refused(tmp_path):
         with files.host_lock(str(tmp_path)):
             pass
     assert str(lock) in str(err.value) and "symbolic link" not in str(err.value)
+
+
+def test_a_root_that_cannot_be_made_fails_naming_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(files.os, "makedirs", lambda *args, **kwargs: None)  # made, then gone
+    with pytest.raises(Failed) as err:
+        files.write_file(str(tmp_path / "r"), "/x.conf", "x", 0o644, Failed)
+    assert err.value.path == str(tmp_path / "r") and err.value.reason == "cannot be made"
+
+
+def test_reasons_carry_what_the_system_said(tmp_path):
+    """The OS's own words (strerror) reach the message, not a generic text."""
+    too_long = os.strerror(errno.ENAMETOOLONG)
+    long_name = "/" + "n" * 300
+    for call in (
+        lambda: files.lstat_file(str(tmp_path), long_name, Failed),
+        lambda: files.read_file(str(tmp_path), long_name, Failed),
+        lambda: files.write_file(str(tmp_path), "/" + "n" * 250, "x", 0o644, Failed),
+        lambda: files.write_link(str(tmp_path), long_name, "x", Failed),
+        lambda: files.open_dir(str(tmp_path), long_name, Failed, create=True),
+    ):
+        with pytest.raises(Failed) as err:
+            call()
+        assert err.value.reason == too_long
+    (tmp_path / "d").mkdir()
+    with pytest.raises(Failed) as err:
+        files.remove_file(str(tmp_path), "/d", Failed)
+    assert err.value.reason == os.strerror(errno.EISDIR)
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(Failed) as err:
+        files.read_file(str(tmp_path / "f"), "/x", Failed)
+    assert err.value.reason == os.strerror(errno.ENOTDIR)
+    with pytest.raises(Failed) as err:
+        files.write_file(str(tmp_path), "/f/x.conf", "x", 0o644, Failed)
+    assert err.value.path == str(tmp_path / "f") and err.value.reason == "is not a directory"
+    lock = tmp_path / "run/numafleet/apply.lock"
+    lock.mkdir(parents=True)
+    with pytest.raises(files.LockError) as err:
+        with files.host_lock(str(tmp_path)):
+            pass
+    assert os.strerror(errno.EISDIR) in str(err.value)
+
+
+def test_a_deeper_directory_that_cannot_be_made_is_named(tmp_path, monkeypatch):
+    (tmp_path / "etc").mkdir()
+
+    def refuse(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(files.os, "mkdir", refuse)
+    with pytest.raises(Failed) as err:
+        files.write_file(str(tmp_path), "/etc/numafleet/deep/x.conf", "x", 0o644, Failed)
+    assert err.value.path == str(tmp_path / "etc/numafleet")
+    assert err.value.reason == os.strerror(errno.ENOSPC)
+
+
+def test_a_link_raced_in_where_a_directory_was_being_made_is_refused(tmp_path, monkeypatch):
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    real_mkdir = os.mkdir
+
+    def race(name, mode=0o777, *, dir_fd=None):
+        os.symlink(str(tmp_path / "elsewhere"), name, dir_fd=dir_fd)
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST))
+
+    monkeypatch.setattr(files.os, "mkdir", race)
+    with pytest.raises(Failed) as err:
+        files.write_file(str(tmp_path), "/etc/numafleet/x.conf", "x", 0o644, Failed)
+    monkeypatch.setattr(files.os, "mkdir", real_mkdir)
+    assert err.value.path == str(tmp_path / "etc/numafleet") and "symbolic link" in err.value.reason
+    assert os.listdir(tmp_path / "elsewhere") == []
+
+
+def test_deeper_links_stats_and_prunes_act_where_they_are_told(tmp_path):
+    files.write_link(str(tmp_path), "/a/b/l", "target", Failed)
+    assert os.readlink(tmp_path / "a/b/l") == "target" and os.listdir(tmp_path / "a") == ["b"]
+    first = "n" * 250
+    files.write_link(str(tmp_path), f"/{first}/l", "target", Failed)
+    assert os.readlink(tmp_path / first / "l") == "target"
+    assert stat.S_ISLNK(files.lstat_file(str(tmp_path), "/a/b/l", Failed).st_mode)
+    assert files.lstat_file(str(tmp_path), "/a/l", Failed) is None
+    (tmp_path / "a/b.d").mkdir()
+    (tmp_path / "a/b.d/x.conf").write_text("x")
+    files.remove_file(str(tmp_path), "/a/b.d/x.conf", Failed, prune_parent=True)
+    assert sorted(os.listdir(tmp_path / "a")) == ["b"]
+
+
+def test_a_holder_pid_that_is_not_ascii_is_unknown(tmp_path):
+    fd = _held(tmp_path, b"\xff\xfe12\n")
+    clock = _Clock()
+    try:
+        with pytest.raises(files.LockError, match=r"PID unknown"):
+            with files.host_lock(str(tmp_path), timeout_s=0, clock=clock, sleep=clock.sleep):
+                pass
+    finally:
+        os.close(fd)
