@@ -739,5 +739,8 @@ def test_a_foreign_manifest_is_refused_naming_the_default():
     assert "/etc/systemd/system/c.service, ...)" in message
     assert message.endswith("own manifest, e.g. /etc/numafleet/mps-units.json")
     with pytest.raises(UnitRenderError) as err:
+        mps.check_manifest_owner("m.json", foreign[:3])
+    assert "/etc/systemd/system/c.service): it belongs" in str(err.value)  # all three, no "..."
+    with pytest.raises(UnitRenderError) as err:
         mps.check_manifest_owner("m.json", foreign[:1])
     assert "(/etc/systemd/system/a.service): it belongs" in str(err.value)
