@@ -561,7 +561,7 @@ def test_a_link_raced_in_where_a_directory_was_being_made_is_refused(tmp_path, m
 
     monkeypatch.setattr(files.os, "mkdir", race)
     with pytest.raises(Failed) as err:
-        files.write_file(str(tmp_path), "/etc/numafleet/x.conf", "x", 0o644, Failed)
+        files.write_file(str(tmp_path), "/etc/numafleet/deep/x.conf", "x", 0o644, Failed)
     monkeypatch.setattr(files.os, "mkdir", real_mkdir)
     assert err.value.path == str(tmp_path / "etc/numafleet") and "symbolic link" in err.value.reason
     assert os.listdir(tmp_path / "elsewhere") == []
@@ -579,6 +579,10 @@ def test_deeper_links_stats_and_prunes_act_where_they_are_told(tmp_path):
     (tmp_path / "a/b.d/x.conf").write_text("x")
     files.remove_file(str(tmp_path), "/a/b.d/x.conf", Failed, prune_parent=True)
     assert sorted(os.listdir(tmp_path / "a")) == ["b"]
+    (tmp_path / "a/b/c.d").mkdir()
+    (tmp_path / "a/b/c.d/x.conf").write_text("x")
+    files.remove_file(str(tmp_path), "/a/b/c.d/x.conf", Failed, prune_parent=True)
+    assert sorted(os.listdir(tmp_path / "a/b")) == ["l"]
 
 
 def test_a_holder_pid_that_is_not_ascii_is_unknown(tmp_path):
