@@ -744,3 +744,11 @@ def test_a_foreign_manifest_is_refused_naming_the_default():
     with pytest.raises(UnitRenderError) as err:
         mps.check_manifest_owner("m.json", foreign[:1])
     assert "(/etc/systemd/system/a.service): it belongs" in str(err.value)
+
+
+def test_a_planned_daemon_cannot_be_changed_afterwards():
+    import dataclasses
+
+    daemon = planned_daemon()[0]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        daemon.user = "root"
