@@ -45,8 +45,8 @@ SELECTION: dict[str, list[str]] = {
     "plugins/module_utils/numa/hugepages.py": [
         f"{UNIT}/test_hugepages.py",
     ],
-    "plugins/module_utils/numa/units.py": [f"{UNIT}/test_units.py"],
-    "plugins/module_utils/numa/files.py": [f"{UNIT}/test_files.py", f"{UNIT}/test_units.py"],
+    "plugins/module_utils/numa/units.py": [f"{UNIT}/test_units.py", f"{UNIT}/test_units_edges.py"],
+    "plugins/module_utils/numa/files.py": [f"{UNIT}/test_files.py"],
     "plugins/module_utils/numa/mps.py": [f"{UNIT}/test_mps.py"],
 }
 

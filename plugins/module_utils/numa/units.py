@@ -147,14 +147,6 @@ def check_text(value: str, what: str) -> str:
     return value
 
 
-def _ends_escaped(text: str) -> bool:
-    """Whether systemd pairs every backslash of ``text`` left to right and one is left at the end."""
-    escaped = False
-    for char in text:
-        escaped = False if escaped else char == "\\"
-    return escaped
-
-
 def check_line(value: str, what: str) -> str:
     """``value`` unchanged when systemd reads it back as written on an unquoted line.
 
@@ -318,8 +310,7 @@ def calendar_value(value: str, what: str) -> str:
     would change (quotes, backslashes, ``%``, control characters, outer spaces). Raises
     UnitRenderError.
     """
-    check_line(value if isinstance(value, str) else str(value), what)
-    if not _CALENDAR.match(value):
+    if not isinstance(value, str) or not _CALENDAR.match(check_line(value, what)):
         raise UnitRenderError(
             f"{what}: {value!r} is not a calendar expression of letters, digits, spaces and "
             ":*,./~_+@- (no quotes, backslashes or %); write e.g. daily or *-*-* 03:00:00"

@@ -496,3 +496,259 @@ def test_verify_check_catches_a_bad_file(tmp_path, target):
 def test_accounts_systemd_refuses_are_refused(user, fragment):
     with pytest.raises(UnitRenderError, match=fragment):
         mps.plan_daemons(make_plan(daemon_entry(user=user)))
+
+
+# --- behaviours the mutation run found unguarded (issue 19, section 5) ---------------------------
+
+
+def test_as_dict_gives_every_field_of_the_daemon():
+    daemons, dummy = mps.plan_daemons(make_plan(daemon_entry(group="video", node=None)))
+    assert daemons[0].as_dict() == {
+        "unit": f"nvidia-mps@{GPU}.service",
+        "instance": GPU,
+        "gpu_address": "0000:31:00.0",
+        "gpu_uuid": GPU,
+        "mig": False,
+        "node": None,
+        "cpus": [4, 5, 6, 7],
+        "mems": [0],
+        "user": "tei",
+        "group": "video",
+        "active_thread_percentage": 50,
+        "pinned_memory_limit_mib": 16384,
+        "pipe_dir": f"/run/nvidia-mps/{GPU}",
+        "log_dir": f"/var/log/nvidia-mps/{GPU}",
+        "clients": ["rerank-a", "rerank-b"],
+    }
+
+
+def test_optional_fields_may_be_absent_or_none():
+    entry = daemon_entry(cpus=[3, 1, 3, 2], mems=[1, 0, 1])
+    for key in ("clients", "node", "gpu_uuid", "user", "group"):
+        del entry[key]
+    entry["active_thread_percentage"] = None
+    entry["pinned_memory_limit_kb"] = None
+    daemons, warnings = mps.plan_daemons(make_plan(entry))
+    got = daemons[0].as_dict()
+    assert warnings == []
+    assert (got["clients"], got["node"], got["gpu_uuid"], got["user"], got["group"]) == (
+        [],
+        None,
+        None,
+        None,
+        None,
+    )
+    assert got["cpus"] == [1, 2, 3] and got["mems"] == [0, 1]
+    assert got["pinned_memory_limit_mib"] is None and got["active_thread_percentage"] is None
+    text = mps.render_files(daemons, "", UNIT_DIR)[DROPIN]
+    assert "User=" not in text and "Group=" not in text and "ExecStartPost=" not in text
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fragment"),
+    [
+        ({"pinned_memory_limit_kb": -5}, "pinned_memory_limit_kb is -5, not above 0"),
+        ({"cpus": [1, True]}, "cpus is [1, True], not a non-empty list"),
+        ({"mems": ["0"]}, "mems is ['0']"),
+        ({"cpus": "0-3"}, "cpus is '0-3', not a list"),
+        ({"node": "0"}, "node is '0', not a int"),
+        ({"clients": "a"}, "clients is 'a', not a list"),
+        ({"gpu_uuid": 5}, "gpu_uuid is 5, not a str"),
+        ({"instance": 7}, "instance is 7, not a str"),
+        ({"mig": "yes"}, "mig is 'yes', not a bool"),
+    ],
+)
+def test_more_bad_daemon_entries_are_refused(overrides, fragment):
+    with pytest.raises(UnitRenderError) as err:
+        mps.plan_daemons(make_plan(daemon_entry(**overrides)))
+    assert str(err.value).startswith("host gpu-a100-01: plan mps_daemons[0]")
+    assert fragment in str(err.value)
+
+
+@pytest.mark.parametrize("key", ["unit", "gpu_address", "pipe_dir", "log_dir", "mig", "cpus"])
+def test_a_missing_required_field_is_refused_by_name(key):
+    entry = daemon_entry()
+    del entry[key]
+    with pytest.raises(UnitRenderError, match=f"mps_daemons\\[0\\] has no '{key}'"):
+        mps.plan_daemons(make_plan(entry))
+
+
+@pytest.mark.parametrize(
+    ("percentage", "kb", "mib"), [(1, 1, 1), (100, 2048, 2), (7, 1 << 30, 1 << 20)]
+)
+def test_limits_at_their_bounds_are_accepted(percentage, kb, mib):
+    text = render(daemon_entry(active_thread_percentage=percentage, pinned_memory_limit_kb=kb))[
+        DROPIN
+    ]
+    assert f"echo set_default_active_thread_percentage {percentage} |" in text
+    assert f"echo set_default_device_pinned_mem_limit 0 {mib}M |" in text
+
+
+def test_the_dropin_names_the_device_kind_and_the_group():
+    gpu = render(daemon_entry(group="video"))[DROPIN]
+    assert f"Description=NVIDIA CUDA MPS control daemon, GPU {GPU}\n" in gpu
+    assert "User=tei\nGroup=video\n" in gpu
+    mig_dropin = f"{UNIT_DIR}/nvidia-mps@{MIG}.service.d/50-numafleet.conf"
+    mig = render(mig_entry(group="video"))[mig_dropin]
+    assert f"Description=NVIDIA CUDA MPS control daemon, MIG device {MIG}\n" in mig
+    assert "Group=video\n" in mig and "User=" not in mig
+
+
+def test_plan_errors_name_the_host_only_when_it_is_known():
+    with pytest.raises(UnitRenderError) as err:
+        mps.plan_daemons({"host": 5, "mps_daemons": [daemon_entry(cpus=[])]})
+    assert str(err.value).startswith("plan mps_daemons[0].cpus")
+    with pytest.raises(UnitRenderError) as err:
+        mps.plan_daemons({"host": "", "mps_daemons": [daemon_entry(cpus=[])]})
+    assert str(err.value).startswith("plan mps_daemons[0].cpus")
+    with pytest.raises(UnitRenderError) as err:
+        mps.plan_daemons({"host": "gpu-a100-01"})
+    assert str(err.value).startswith("host gpu-a100-01: plan has no mps_daemons")
+    with pytest.raises(UnitRenderError) as err:
+        mps.plan_daemons(make_plan(daemon_entry(), "x"))
+    assert str(err.value).startswith("host gpu-a100-01: plan mps_daemons[1] is not a mapping")
+    assert mps.plan_daemons({"mps_daemons": []}) == ([], [])
+
+
+def test_pending_mig_daemons_warn_with_their_clients_and_gpu():
+    daemons, warnings = mps.plan_daemons(
+        make_plan(
+            mig_entry(instance=None, clients=["a", "b"]),
+            mig_entry(instance=None, clients=[]),
+            mig_entry(instance=None, clients=None),
+        )
+    )
+    assert daemons == []
+    assert warnings[0].startswith(
+        "host gpu-a100-01: MPS daemon for a, b on GPU 0000:17:00.0 skipped: its MIG instance "
+        "does not exist yet; create it (numafleet.tuning.nvidia_mig) and plan again"
+    )
+    assert warnings[1].startswith("host gpu-a100-01: MPS daemon for no client on GPU 0000:17:00.0")
+    assert warnings[2] == warnings[1]
+
+
+def test_a_changed_dropin_restarts_only_its_daemon():
+    daemons, dummy = mps.plan_daemons(make_plan(daemon_entry(), mig_entry()))
+    files = mps.render_files(daemons, "", UNIT_DIR)
+    mig_unit = f"nvidia-mps@{MIG}.service"
+    actions = mps.plan_actions(changes_for(files, dict(files, **{DROPIN: "old"})), daemons)
+    assert actions.restart == (f"nvidia-mps@{GPU}.service",) and actions.start == ()
+    assert actions.units == {
+        "new": [],
+        "changed": [f"nvidia-mps@{GPU}.service"],
+        "removed": [],
+        "unchanged": [mig_unit],
+    }
+    assert actions.slices == {"new": [], "changed": [], "removed": [], "unchanged": []}
+    assert actions.reload_needed
+    # a file that is neither the template nor a drop-in restarts nothing
+    other = f"{UNIT_DIR}/other.service"
+    actions = mps.plan_actions(
+        changes_for(dict(files, **{other: "x"}), dict(files, **{other: "y"})), daemons
+    )
+    assert actions.restart == () and actions.units["unchanged"] == sorted(
+        [f"nvidia-mps@{GPU}.service", mig_unit]
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("1T", 1 << 20),
+        ("2048K", 2),
+        ("2048KiB", 2),
+        ("1536K", None),
+        ("1.5G", 1536),
+        ("2 GB", 2048),
+        ("none", 0),
+        ("Unlimited\n", 0),
+        ("not set", 0),
+        ("N/A", 0),
+        (None, None),
+        ("  \n", None),
+    ],
+)
+def test_parse_pinned_mem_limit_units(text, want):
+    assert mps.parse_pinned_mem_limit(text) == want
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [("MPS: ready\n25.0\n\n", 25), (None, None), ("  \n", None), ("40.0\nready", None)],
+)
+def test_parse_thread_percentage_reads_the_last_line(text, want):
+    assert mps.parse_thread_percentage(text) == want
+
+
+def test_a_failed_set_without_stderr_names_stdout_or_no_output():
+    for answer, detail in (((2, "busy\nmore", ""), "busy"), ((3, "", ""), "no output")):
+        runner = RecordedRunner(
+            {
+                "get_default_active_thread_percentage": (0, "100.0", ""),
+                "set_default_active_thread_percentage 50": answer,
+            }
+        )
+        with pytest.raises(mps.MpsControlError) as err:
+            mps.sync_settings(
+                runner, "systemctl", mps.DEFAULT_CONTROL, planned_daemon(), no_actions(), True
+            )
+        assert f"failed (rc {answer[0]}): {detail}; check" in str(err.value)
+
+
+def test_a_failed_read_is_unknown_and_a_pinned_limit_drift_is_set():
+    runner = RecordedRunner(
+        {
+            "get_default_active_thread_percentage": (1, "50.0", ""),
+            "get_default_device_pinned_mem_limit 0": (0, "8G", ""),
+        }
+    )
+    entries, ran, drift = mps.sync_settings(
+        runner, "systemctl", mps.DEFAULT_CONTROL, planned_daemon(), no_actions(), True
+    )
+    assert entries[0]["active_thread_percentage"] == {"planned": 50, "running": None}
+    assert entries[0]["pinned_memory_limit_mib"] == {"planned": 16384, "running": 8192}
+    assert drift and ran == [
+        f"CUDA_MPS_PIPE_DIRECTORY=/run/nvidia-mps/{GPU} /usr/bin/nvidia-cuda-mps-control <<< "
+        "'set_default_device_pinned_mem_limit 0 16384M'"
+    ]
+    env = runner.calls[1][2]
+    assert env == {"CUDA_MPS_PIPE_DIRECTORY": f"/run/nvidia-mps/{GPU}", "LC_ALL": "C", "LANG": "C"}
+
+
+def test_a_daemon_started_in_this_run_is_not_asked():
+    daemons = planned_daemon()
+    files = mps.render_files(daemons, "", UNIT_DIR)
+    actions = mps.plan_actions(changes_for(files, {}), daemons)
+    runner = RecordedRunner({})
+    assert mps.sync_settings(runner, "systemctl", mps.DEFAULT_CONTROL, daemons, actions, True) == (
+        [],
+        [],
+        False,
+    )
+    assert runner.calls == []
+
+
+def test_a_foreign_manifest_is_refused_naming_the_default():
+    mps.check_manifest_owner("/etc/numafleet/mps-units.json", [DROPIN, TEMPLATE])
+    foreign = [f"/etc/systemd/system/{name}.service" for name in "abcd"]
+    with pytest.raises(UnitRenderError) as err:
+        mps.check_manifest_owner("/etc/numafleet/manifest.json", [DROPIN, *foreign])
+    message = str(err.value)
+    assert message.startswith("manifest_path: /etc/numafleet/manifest.json lists files that")
+    assert "(/etc/systemd/system/a.service, /etc/systemd/system/b.service, " in message
+    assert "/etc/systemd/system/c.service, ...)" in message
+    assert message.endswith("own manifest, e.g. /etc/numafleet/mps-units.json")
+    with pytest.raises(UnitRenderError) as err:
+        mps.check_manifest_owner("m.json", foreign[:3])
+    assert "/etc/systemd/system/c.service): it belongs" in str(err.value)  # all three, no "..."
+    with pytest.raises(UnitRenderError) as err:
+        mps.check_manifest_owner("m.json", foreign[:1])
+    assert "(/etc/systemd/system/a.service): it belongs" in str(err.value)
+
+
+def test_a_planned_daemon_cannot_be_changed_afterwards():
+    import dataclasses
+
+    daemon = planned_daemon()[0]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        daemon.user = "root"
