@@ -291,8 +291,8 @@ would_run:
 kept:
   description:
     - Files the manifest lists that are not disabled or removed because numafleet did not write
-      them as they are now (outside O(unit_dir), content changed since written, a link), with
-      the reason. Each is also a warning.
+      them as they are now (not named as numafleet names its files, outside O(unit_dir),
+      content changed since written, a link), with the reason. Each is also a warning.
   returned: always
   type: list
   elements: dict
@@ -306,7 +306,7 @@ kept:
       description: Why it is kept.
       returned: always
       type: str
-      sample: is not a unit file in unit_dir /etc/systemd/system
+      sample: is not named as numafleet names its files (numafleet-*.service, numafleet*.slice, nvidia-mps@.service, <unit>.d/50-numafleet.conf)
   sample: []
 ran:
   description: The commands the module ran (only C(systemctl disable --now) of removed services).
