@@ -1033,7 +1033,9 @@ def test_a_foreign_mount_unit_is_never_overwritten(fixture_root, tmp_path):
         plan(sysfs, procfs, root, [], mounts=[MOUNT_1G])
 
 
-@pytest.mark.parametrize("mounts", [{"a": 1}, ["x/y.mount"], [".mount"], ["a.service"], [1]])
+@pytest.mark.parametrize(
+    "mounts", [{"a": 1}, ["x/y.mount"], [".mount"], ["..mount"], ["a.service"], [1]]
+)
 def test_a_state_with_bad_mounts_fails_with_the_fix(mounts):
     text = json.dumps({"version": 1, "mounts": mounts})
     with pytest.raises(hp.HugepageError, match="mounts is not a list of mount unit names"):
@@ -1462,3 +1464,16 @@ def test_bad_root_or_service_manager_is_refused_before_any_read(tmp_path, kwargs
     with pytest.raises(hp.HugepageError) as err:
         hp.plan_hugepages([], str(tmp_path / "no-sys"), str(tmp_path / "no-proc"), **kwargs)
     assert str(err.value) == message
+
+
+def test_without_offered_sizes_the_message_lists_that_nodes_pools():
+    current = cur(n0_2048=(0, 0), n1_1048576=(0, 0))
+    with pytest.raises(hp.HugepageError) as err:
+        hp.plan_pools([0, 1], current, {(1, 64): 1}, [M2, G1, 64], ())
+    assert "pools of that node: 1048576 kB)" in str(err.value)
+
+
+def test_a_mount_without_a_unit_change_reads_as_unchanged():
+    mount = hp.Mount("/dev/hugepages1G", G1)
+    result = _bare_plan(mounts=(mount,)).as_result(False, False)
+    assert result["mounts"][0]["state"] == "unchanged"
