@@ -854,6 +854,7 @@ def test_parse_mounts_normalizes_defaults_and_sorts():
         ),
         ([{"path": "/mnt/a\tb", "size_kb": M2}], "control character"),
         ([{"path": "/mnt/../etc", "size_kb": M2}], "'.' or '..' component"),
+        ([{"path": "/mnt/./huge", "size_kb": M2}], "'.' or '..' component"),
         (
             [{"path": "/dev/hp", "size_kb": M2}, {"path": "/dev//hp/", "size_kb": G1}],
             "mounts[1].path /dev/hp is also mounts[0].path; give each mount point once",
