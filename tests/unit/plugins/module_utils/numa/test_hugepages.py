@@ -169,7 +169,19 @@ def test_smallest_sizes_and_counts_are_taken():
 
 
 @pytest.mark.parametrize(
-    ("size", "text"), [(M2, "2M"), (G1, "1G"), (64, "64K"), (16384, "16M"), (16 * G1, "16G")]
+    ("size", "text"),
+    [
+        (M2, "2M"),
+        (G1, "1G"),
+        (64, "64K"),
+        (16384, "16M"),
+        (16 * G1, "16G"),
+        (1024, "1M"),
+        (3072, "3M"),
+        (3 * G1, "3G"),
+        (G1 // 2, "512M"),
+        (1536, "1536K"),
+    ],
 )
 def test_format_size(size, text):
     assert hp.format_size(size) == text
@@ -278,7 +290,7 @@ def test_in_use_warning_names_node_size_in_use_and_desired():
     [
         ({(7, M2): 4}, "pools: node 7 does not exist on this host (NUMA nodes: 0, 1)"),
         ({(1, G1): 4}, "pools: node 1 has no 1048576 kB hugepage pool"),
-        ({(0, 64): 1}, "node0/hugepages/hugepages-64kB is missing"),
+        ({(0, 64): 1}, "(<sysfs_root>/devices/system/node/node0/hugepages/hugepages-64kB is "),
     ],
 )
 def test_unknown_node_or_size_is_an_error(desired, fragment):
@@ -842,6 +854,7 @@ def test_parse_mounts_normalizes_defaults_and_sorts():
         ),
         ([{"path": "/mnt/a\tb", "size_kb": M2}], "control character"),
         ([{"path": "/mnt/../etc", "size_kb": M2}], "'.' or '..' component"),
+        ([{"path": "/mnt/./huge", "size_kb": M2}], "'.' or '..' component"),
         (
             [{"path": "/dev/hp", "size_kb": M2}, {"path": "/dev//hp/", "size_kb": G1}],
             "mounts[1].path /dev/hp is also mounts[0].path; give each mount point once",
@@ -1029,7 +1042,9 @@ def test_a_foreign_mount_unit_is_never_overwritten(fixture_root, tmp_path):
         plan(sysfs, procfs, root, [], mounts=[MOUNT_1G])
 
 
-@pytest.mark.parametrize("mounts", [{"a": 1}, ["x/y.mount"], [".mount"], ["a.service"], [1]])
+@pytest.mark.parametrize(
+    "mounts", [{"a": 1}, ["x/y.mount"], [".mount"], ["..mount"], ["a.service"], [1]]
+)
 def test_a_state_with_bad_mounts_fails_with_the_fix(mounts):
     text = json.dumps({"version": 1, "mounts": mounts})
     with pytest.raises(hp.HugepageError, match="mounts is not a list of mount unit names"):
@@ -1085,3 +1100,395 @@ def test_a_bad_pool_list_in_the_state_is_named(key):
 def test_mount_points_of_their_own_are_accepted(path):
     (mount,) = hp.parse_mounts([{"path": path, "size_kb": M2}], [M2, G1])
     assert mount.path == path
+
+
+# --- file I/O: the writers and readers the plan and apply use ----------------------------------
+
+
+def _at(root, path):
+    return root / path.lstrip("/")
+
+
+def test_write_files_creates_updates_removes_and_leaves_unchanged(tmp_path):
+    root = tmp_path / "root"
+    kept, gone, edited = "/etc/numafleet/kept", "/etc/numafleet/gone", "/etc/numafleet/edited"
+    for path, text in ((kept, "kept\n"), (gone, "gone\n"), (edited, "old\n")):
+        _at(root, path).parent.mkdir(parents=True, exist_ok=True)
+        _at(root, path).write_text(text)
+    os.chmod(_at(root, edited), 0o600)
+    hp.write_files(
+        str(root),
+        [
+            hp.FileChange(hp.PROGRAM_PATH, "create", None, "#!/bin/true\n"),
+            hp.FileChange(hp.UNIT_PATH, "create", None, ""),
+            hp.FileChange(edited, "update", "old\n", "new\n"),
+            hp.FileChange(gone, "remove", "gone\n", None),
+            hp.FileChange(kept, "unchanged", "other\n", "other\n"),
+        ],
+    )
+    assert _at(root, hp.PROGRAM_PATH).read_text() == "#!/bin/true\n"
+    assert os.stat(_at(root, hp.PROGRAM_PATH)).st_mode & 0o7777 == 0o755
+    assert _at(root, hp.UNIT_PATH).read_text() == ""
+    assert os.stat(_at(root, hp.UNIT_PATH)).st_mode & 0o7777 == 0o644
+    assert _at(root, edited).read_text() == "new\n"
+    assert os.stat(_at(root, edited)).st_mode & 0o7777 == 0o644
+    assert not _at(root, gone).exists()
+    assert _at(root, kept).read_text() == "kept\n"  # unchanged is never written
+    for parent in ("usr/local/libexec", "usr/local", "etc/systemd/system", "etc/systemd"):
+        assert os.stat(root / parent).st_mode & 0o7777 == 0o755
+
+
+def test_file_mode():
+    assert hp.file_mode(hp.PROGRAM_PATH) == 0o755
+    assert hp.file_mode(hp.UNIT_PATH) == hp.file_mode(hp.STATE_PATH) == 0o644
+
+
+def test_write_files_error_names_the_path_and_the_fix(tmp_path):
+    root = tmp_path / "root"
+    (root / "etc").mkdir(parents=True)
+    (root / "etc" / "numafleet").write_text("a file where a directory belongs\n")
+    with pytest.raises(hp.HugepageError) as err:
+        hp.write_files(str(root), [hp.FileChange(hp.STATE_PATH, "create", None, "{}\n")])
+    assert str(err.value).startswith(f"{root}/etc/numafleet: ")
+    assert str(err.value).endswith(
+        ". Check that the directory is writable, or set root to one that is"
+    )
+
+
+def test_a_linked_state_file_is_refused_not_read(tmp_path):
+    root = tmp_path / "root"
+    target = tmp_path / "elsewhere.json"
+    target.write_text(hp.render_state(hp.State()))
+    _at(root, hp.STATE_PATH).parent.mkdir(parents=True)
+    os.symlink(target, _at(root, hp.STATE_PATH))
+    with pytest.raises(hp.HugepageError) as err:
+        hp.read_state(str(root))
+    text = str(err.value)
+    assert text.startswith(f"{_at(root, hp.STATE_PATH)}: is a symbolic link; ")
+    assert "Check its permissions" not in text
+
+
+def test_a_state_path_that_is_no_file_says_move_it_away(tmp_path):
+    root = tmp_path / "root"
+    _at(root, hp.STATE_PATH).mkdir(parents=True)
+    with pytest.raises(hp.HugepageError) as err:
+        hp.read_state(str(root))
+    assert str(err.value) == (
+        f"{_at(root, hp.STATE_PATH)}: is not a regular file. Move it away; numafleet writes a "
+        "file here"
+    )
+
+
+def test_an_unreadable_state_path_says_check_its_permissions(tmp_path):
+    root = tmp_path / "root"
+    (root / "etc").mkdir(parents=True)
+    (root / "etc" / "numafleet").write_text("not a directory\n")
+    with pytest.raises(hp.HugepageError) as err:
+        hp.read_state(str(root))
+    assert str(err.value).startswith(f"{root}/etc/numafleet: ")
+    assert str(err.value).endswith(". Check its permissions")
+
+
+def test_read_state_absent_and_present(tmp_path):
+    root = tmp_path / "root"
+    assert hp.read_state(str(root)) == (None, None)
+    state = hp.State(managed_sizes_kb=(M2,), pools=((0, M2, 4),))
+    text = hp.render_state(state)
+    assert text.endswith("}\n") and json.loads(text)["version"] == 1
+    _at(root, hp.STATE_PATH).parent.mkdir(parents=True)
+    _at(root, hp.STATE_PATH).write_text(text)
+    assert hp.read_state(str(root)) == (state, text)
+
+
+def test_a_linked_unit_reads_as_absent_and_the_write_replaces_the_link(fixture_root, tmp_path):
+    sysfs, procfs = qemu(fixture_root)
+    root = tmp_path / "root"
+    target = tmp_path / "victim.service"
+    target.write_text("somebody else's\n")
+    _at(root, hp.UNIT_PATH).parent.mkdir(parents=True)
+    os.symlink(target, _at(root, hp.UNIT_PATH))
+    first = plan(sysfs, procfs, root, pools_of((0, M2, 16)))
+    assert (hp.UNIT_PATH, "create") in [(c.path, c.state) for c in first.files]
+    hp.apply_hugepages(first, kernel())
+    assert not os.path.islink(_at(root, hp.UNIT_PATH))
+    assert _at(root, hp.UNIT_PATH).read_text() == hp.render_unit()
+    assert target.read_text() == "somebody else's\n"
+
+
+def test_a_file_with_the_wrong_mode_is_updated_to_its_mode(fixture_root, tmp_path):
+    sysfs, procfs = qemu(fixture_root)
+    root = tmp_path / "root"
+    wanted = pools_of((0, M2, 16))
+    hp.apply_hugepages(plan(sysfs, procfs, root, wanted), kernel())
+    os.chmod(_at(root, hp.PROGRAM_PATH), 0o700)
+    again = plan(sysfs, procfs, root, wanted)
+    assert [(c.path, c.state) for c in again.files if c.state != "unchanged"] == [
+        (hp.PROGRAM_PATH, "update")
+    ]
+    assert again.changed and not again.reload_needed
+    hp.apply_hugepages(again, kernel())
+    assert os.stat(_at(root, hp.PROGRAM_PATH)).st_mode & 0o7777 == 0o755
+    assert not plan(sysfs, procfs, root, wanted).changed
+
+
+def test_change_diff_shows_absent_text_as_empty():
+    assert hp.change_diff(hp.FileChange("/x", "create", None, "new\n")) == {
+        "before_header": "/x",
+        "after_header": "/x",
+        "before": "",
+        "after": "new\n",
+    }
+    assert hp.change_diff(hp.FileChange("/x", "remove", "old\n", None))["after"] == ""
+    assert hp.change_diff(hp.FileChange("/x", "update", "old\n", "new\n"))["after"] == "new\n"
+
+
+def _bare_plan(**kwargs):
+    fields = dict(
+        sysfs_root="/sys",
+        root="/",
+        pools=(),
+        warnings=(),
+        files=(),
+        kernel_args=(),
+        kernel_args_removed=(),
+        cmdline_changed=False,
+        bootloader="none",
+        service_manager="systemd",
+    )
+    fields.update(kwargs)
+    return hp.HugepagePlan(**fields)
+
+
+def test_would_run_orders_the_handlers():
+    unit = hp.FileChange(hp.UNIT_PATH, "update", "a", "b")
+    plan_ = _bare_plan(
+        files=(unit,),
+        mount_units=(("a.mount", "remove"), ("b.mount", "update"), ("c.mount", "create")),
+        cmdline_changed=True,
+        bootloader="grubby",
+        kernel_args=("hugepagesz=2M",),
+        kernel_args_removed=("hugepages=1",),
+    )
+    assert plan_.would_run() == [
+        "systemctl disable --now a.mount",
+        "systemctl daemon-reload",
+        "systemctl enable numafleet-hugepages.service",
+        "systemctl restart b.mount",
+        "systemctl enable --now c.mount",
+        "grubby --update-kernel=ALL --remove-args=hugepages=1",
+        "grubby --update-kernel=ALL --args=hugepagesz=2M",
+    ]
+    # a mount unit that changes needs a reload even when the service unit does not
+    only_mounts = _bare_plan(mount_units=(("a.mount", "unchanged"), ("b.mount", "update")))
+    assert only_mounts.would_run() == ["systemctl daemon-reload", "systemctl restart b.mount"]
+    assert _bare_plan(mount_units=(("a.mount", "unchanged"),)).would_run() == []
+    assert _bare_plan(cmdline_changed=True, bootloader="none").would_run() == []
+    assert _bare_plan(cmdline_changed=True, bootloader="grub_d").would_run() == ["update-grub"]
+    assert _bare_plan(cmdline_changed=False, bootloader="grub_d").would_run() == []
+
+
+def test_grubby_argvs_only_when_grubby_and_changed():
+    removed_only = _bare_plan(
+        cmdline_changed=True, bootloader="grubby", kernel_args_removed=("hugepages=1",)
+    )
+    assert removed_only.grubby_argvs() == [
+        ["grubby", "--update-kernel=ALL", "--remove-args=hugepages=1"]
+    ]
+    kw = dict(kernel_args=("a=1", "b=2"), kernel_args_removed=("c=3",))
+    assert _bare_plan(cmdline_changed=False, bootloader="grubby", **kw).grubby_argvs() == []
+    assert _bare_plan(cmdline_changed=True, bootloader="grub_d", **kw).grubby_argvs() == []
+    assert _bare_plan(cmdline_changed=True, bootloader="grubby", **kw).grubby_argvs() == [
+        ["grubby", "--update-kernel=ALL", "--remove-args=c=3"],
+        ["grubby", "--update-kernel=ALL", "--args=a=1 b=2"],
+    ]
+
+
+def test_as_result_handlers_follow_check_mode_and_service_manager():
+    unit = hp.FileChange(hp.UNIT_PATH, "create", None, "x")
+    units = (("a.mount", "remove"), ("b.mount", "update"), ("c.mount", "create"))
+    live = _bare_plan(files=(unit,), mount_units=units).as_result(False, False)
+    assert live["handler_enable"] and live["reload_needed"] and live["changed"]
+    assert live["handler_mount_stop"] == ["a.mount"]
+    assert live["handler_mount_restart"] == ["b.mount"]
+    assert live["handler_mount_start"] == ["c.mount"]
+    assert "diff" not in live
+    for check_mode, manager in ((True, "systemd"), (False, "none")):
+        quiet = _bare_plan(files=(unit,), mount_units=units, service_manager=manager)
+        result = quiet.as_result(check_mode, True)
+        assert not result["handler_enable"]
+        assert result["handler_mount_start"] == result["handler_mount_stop"] == []
+        assert result["handler_mount_restart"] == []
+        assert result["diff"] == [hp.change_diff(unit)]
+        assert result["would_run"][:2] == [
+            "systemctl disable --now a.mount",
+            "systemctl daemon-reload",
+        ]
+    unchanged = _bare_plan(files=(hp.FileChange(hp.UNIT_PATH, "unchanged", "x", "x"),))
+    result = unchanged.as_result(False, True)
+    assert not result["changed"] and not result["reload_needed"] and result["diff"] == []
+    assert result["kernel_args_removed"] == [] and result["reboot_required"] is False
+
+
+def test_diff_marks_boot_pools_and_skips_unchanged_files():
+    boot = hp.PoolChange(node=1, size_kb=G1, before=0, after=2, desired=2, in_use=0, boot=True)
+    same = hp.PoolChange(node=0, size_kb=M2, before=4, after=4, desired=4, in_use=0, boot=False)
+    grown = hp.PoolChange(node=0, size_kb=M2, before=4, after=8, desired=8, in_use=0, boot=False)
+    files_ = (
+        hp.FileChange(hp.STATE_PATH, "unchanged", "s", "s"),
+        hp.FileChange(hp.UNIT_PATH, "update", "a", "b"),
+    )
+    result = _bare_plan(pools=(grown, same, boot), files=files_, cmdline_changed=True).diff()
+    assert result[0]["before"] == "node0 2048kB: 4\nnode1 1048576kB: 0\n"
+    assert result[0]["after"] == "node0 2048kB: 8\nnode1 1048576kB: 2 (at next boot)\n"
+    header = "hugepage pools (pages per node)"
+    assert result[0]["before_header"] == result[0]["after_header"] == header
+    assert result[1:] == [hp.change_diff(files_[1])]
+    # a boot pool shows only while the command line changes
+    assert _bare_plan(pools=(boot,), cmdline_changed=False).diff() == []
+
+
+def test_a_mounts_value_that_is_no_list_gets_an_example():
+    with pytest.raises(hp.HugepageError) as err:
+        hp.parse_mounts("x", [G1])
+    assert str(err.value) == (
+        "mounts: 'x' is not a list; give e.g. [{path: /dev/hugepages1G, size_kb: 1048576}]"
+    )
+
+
+def test_grant_message_texts():
+    head = (
+        "hugepages: the kernel did not grant the pools asked for (node 1, 2048 kB pages: "
+        "requested 8, granted unknown; node 0, 2048 kB pages: requested 4, granted 2) [a; b]. "
+        "Runtime reservations come up short when the node's free memory is too small or too "
+        "fragmented. "
+    )
+    tail = (
+        "Reserve these pages at boot instead: add the size to boot_reserve_sizes_kb "
+        "(hugepages_boot_reserve in the hugepages role) for HINT on the kernel command line, "
+        "or free memory on the node and run again"
+    )
+    short = [(1, M2, 8, None, "b"), (0, M2, 4, 2, "a")]
+    assert hp._grant_message(short, [], [], "HINT") == head + "Nothing changed. " + tail
+    assert hp._grant_message(short, [(0, M2, 1), (1, M2, 2)], [], "HINT") == (
+        head + "Every pool written in this run was restored to its previous total (node 0, "
+        "2048 kB pages: 1; node 1, 2048 kB pages: 2), so nothing changed. " + tail
+    )
+    assert hp._grant_message(short, [(0, M2, 1)], [(1, M2, 2, None), (0, G1, 3, 5)], "HINT") == (
+        head + "These pools could NOT be restored to their previous totals: node 1, 2048 kB "
+        "pages: was 2, now None; node 0, 1048576 kB pages: was 3, now 5. " + tail
+    )
+    plain = hp._grant_message([(0, M2, 4, 2, "")], [], [], "HINT")
+    assert "granted 2). Runtime" in plain
+
+
+def test_a_short_shrink_to_nothing_hints_at_the_pages(tmp_path):
+    sysfs, procfs = make_tree(tmp_path, {(0, M2): (16, 16)}, nodes=(0,))
+    nodes, current, dummy = hp.read_pools(sysfs, procfs, [M2])
+    changes, dummy = hp.plan_pools(nodes, current, {(0, M2): 0}, [M2], ())
+    with pytest.raises(hp.HugepageGrantError) as err:
+        hp.write_pools(sysfs, changes, kernel(grant=lambda base, requested, was: requested or 3))
+    assert err.value.short == [(0, M2, 0, 3)]
+    assert "for the pages on the kernel command line" in str(err.value)
+    assert "restored to its previous total (node 0, 2048 kB pages: 16)" in str(err.value)
+
+
+def test_the_hint_names_the_size_that_came_up_short(tmp_path):
+    sysfs, procfs = make_tree(tmp_path, {(0, M2): (0, 0), (0, G1): (0, 0)}, nodes=(0,))
+    nodes, current, dummy = hp.read_pools(sysfs, procfs, [M2, G1])
+    changes, dummy = hp.plan_pools(nodes, current, {(0, M2): 4, (0, G1): 2}, [M2, G1], ())
+    short_1g = kernel(grant=lambda base, requested, was: 1 if "1048576" in base else requested)
+    with pytest.raises(hp.HugepageGrantError) as err:
+        hp.write_pools(sysfs, changes, short_1g)
+    assert "for hugepagesz=1G hugepages=0:2 on the kernel command line" in str(err.value)
+
+
+def test_render_state_writes_mounts_only_when_there_are_some():
+    assert "mounts" not in json.loads(hp.render_state(hp.State()))
+    with_mounts = hp.State(mounts=("dev-hugepages1G.mount",))
+    assert json.loads(hp.render_state(with_mounts))["mounts"] == ["dev-hugepages1G.mount"]
+    text = hp.render_state(hp.State(managed_sizes_kb=(M2,)))
+    assert text == json.dumps(json.loads(text), indent=2, sort_keys=True) + "\n"
+
+
+def test_auto_removes_the_last_args_with_the_bootloader_that_wrote_them(fixture_root, tmp_path):
+    sysfs, procfs = qemu(fixture_root, "6.1.0")
+    root = tmp_path / "root"  # no grubby and no GRUB below it: auto alone would find none
+    first = plan(sysfs, procfs, root, BOOT, boot_reserve_sizes_kb=[G1], bootloader="grubby")
+    hp.apply_hugepages(first, kernel())
+    runtime_only = pools_of((0, M2, 16), (1, M2, 48))
+    dropped = plan(sysfs, procfs, root, runtime_only, boot_reserve_sizes_kb=[G1])
+    assert dropped.bootloader == "grubby" and dropped.cmdline_changed
+    assert dropped.grubby_argvs() == [
+        ["grubby", "--update-kernel=ALL", "--remove-args=hugepagesz=1G hugepages=0:2,1:1"]
+    ]
+    hp.apply_hugepages(dropped, kernel())
+    state, dummy = hp.read_state(str(root))
+    assert state.kernel_args == () and state.bootloader == "none"
+    settled = plan(sysfs, procfs, root, runtime_only, boot_reserve_sizes_kb=[G1])
+    assert settled.bootloader == "none" and not settled.cmdline_changed
+    # an explicit choice still wins over the recorded one
+    again = plan(sysfs, procfs, root, BOOT, boot_reserve_sizes_kb=[G1], bootloader="grubby")
+    hp.apply_hugepages(again, kernel())
+    explicit = plan(sysfs, procfs, root, runtime_only, bootloader="none")
+    assert explicit.bootloader == "none" and explicit.cmdline_changed
+
+
+def test_an_edited_mount_unit_of_ours_is_kept_with_a_warning(fixture_root, tmp_path):
+    sysfs, procfs = qemu(fixture_root)
+    root = tmp_path / "root"
+    wanted = pools_of((0, M2, 16), (1, M2, 48))
+    hp.apply_hugepages(plan(sysfs, procfs, root, wanted, mounts=[MOUNT_1G, MOUNT_2M]), kernel())
+    edited = root / UNIT_1G.lstrip("/")
+    edited.write_text("[Mount]\nWhat=hugetlbfs\n")  # the header is gone
+    # still wanted: ours by the state file, so it is rewritten rather than refused
+    kept = plan(sysfs, procfs, root, wanted, mounts=[MOUNT_1G, MOUNT_2M])
+    assert kept.mount_restart == ["dev-hugepages1G.mount"] and kept.warnings == ()
+    # no longer wanted: not stopped, not removed, and the run says why
+    gone = plan(sysfs, procfs, root, wanted, mounts=[MOUNT_2M])
+    assert gone.mount_stop == [] and gone.mount_units == (("mnt-huge\\x2d2m.mount", "unchanged"),)
+    assert UNIT_1G not in [c.path for c in gone.files]
+    assert gone.warnings == (
+        f"{edited}: listed in {hp.STATE_PATH} as a mount unit numafleet wrote, but it lacks the "
+        "numafleet header; it is kept (not stopped, not removed). Remove it by hand if it is no "
+        "longer wanted",
+    )
+    # a unit of ours that is already gone needs nothing
+    edited.unlink()
+    absent = plan(sysfs, procfs, root, wanted, mounts=[MOUNT_2M])
+    assert absent.mount_stop == [] and absent.warnings == ()
+
+
+def test_a_host_without_nodes_says_none():
+    with pytest.raises(hp.HugepageError) as err:
+        hp.plan_pools([], {}, {(0, M2): 4}, [M2], ())
+    assert "pools: node 0 does not exist on this host (NUMA nodes: none)" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"root": "relative/root"},
+            "root: 'relative/root' is not an absolute path; use / or a render directory",
+        ),
+        ({"root": None}, "root: None is not an absolute path; use / or a render directory"),
+        ({"service_manager": "openrc"}, "service_manager: 'openrc' is not systemd or none"),
+    ],
+)
+def test_bad_root_or_service_manager_is_refused_before_any_read(tmp_path, kwargs, message):
+    with pytest.raises(hp.HugepageError) as err:
+        hp.plan_hugepages([], str(tmp_path / "no-sys"), str(tmp_path / "no-proc"), **kwargs)
+    assert str(err.value) == message
+
+
+def test_without_offered_sizes_the_message_lists_that_nodes_pools():
+    current = cur(n0_2048=(0, 0), n1_1048576=(0, 0))
+    with pytest.raises(hp.HugepageError) as err:
+        hp.plan_pools([0, 1], current, {(1, 64): 1}, [M2, G1, 64], ())
+    assert "pools of that node: 1048576 kB)" in str(err.value)
+
+
+def test_a_mount_without_a_unit_change_reads_as_unchanged():
+    mount = hp.Mount("/dev/hugepages1G", G1)
+    result = _bare_plan(mounts=(mount,)).as_result(False, False)
+    assert result["mounts"][0]["state"] == "unchanged"
