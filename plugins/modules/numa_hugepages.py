@@ -133,6 +133,7 @@ options:
             group of the mount point when left out.
         type: str
 extends_documentation_fragment:
+  - numafleet.tuning.file_safety
   - numafleet.tuning.roots
   - numafleet.tuning._attributes
 attributes:
@@ -150,16 +151,6 @@ requirements:
   - Root on the target (sysfs pool files are writable by root only).
   - C(/usr/bin/python3) on the target for the boot program.
 notes:
-  - Files below O(root) are read, written and removed without following a symbolic link in any
-    directory of their path (a linked directory fails the task naming it); a link at a file
-    itself is replaced by the file, never written through. Directories made get mode C(0755) and
-    files C(0644) (programs C(0755)) whatever the umask; writes are atomic (temporary file,
-    fsync, rename).
-  - Outside check mode the module holds the per-host lock C(/run/numafleet/apply.lock) (below
-    O(root); C(flock), the holder's PID written in it) from its first read of the host's files to
-    its last write. A second run waits up to 120 seconds, then fails naming the lock and the PID.
-    Check mode takes no lock; it only reads, and every file is replaced in one rename, so it sees
-    each file whole. A O(root) that does not exist yet is not locked.
   - A pool kept above its desired total because its pages are in use is shrunk by the next run
     after the services holding them stopped. At boot the program writes the desired totals.
   - The boot program writes the totals at every boot; pools of a managed size set by other means

@@ -120,6 +120,7 @@ options:
     choices: [systemd, none]
     default: systemd
 extends_documentation_fragment:
+  - numafleet.tuning.file_safety
   - numafleet.tuning.roots
   - numafleet.tuning._attributes
 attributes:
@@ -137,16 +138,6 @@ requirements:
   - C(systemctl) on the target when O(service_manager=systemd) and numad or irqbalance has to be
     acted on.
 notes:
-  - Files below O(root) are read, written and removed without following a symbolic link in any
-    directory of their path (a linked directory fails the task naming it); a link at a file
-    itself is replaced by the file, never written through. Directories made get mode C(0755) and
-    files C(0644) (programs C(0755)) whatever the umask; writes are atomic (temporary file,
-    fsync, rename).
-  - Outside check mode the module holds the per-host lock C(/run/numafleet/apply.lock) (below
-    O(root); C(flock), the holder's PID written in it) from its first read of the host's files to
-    its last write. A second run waits up to 120 seconds, then fails naming the lock and the PID.
-    Check mode takes no lock; it only reads, and every file is replaced in one rename, so it sees
-    each file whole. A O(root) that does not exist yet is not locked.
   - Writing C(/proc/sys), C(/sys/kernel/mm) and C(/proc/irq) needs root; in a container they must
     be mounted writable.
   - irqbalance reads C(IRQBALANCE_BANNED_CPULIST) from version 1.8.0 on. An active

@@ -155,6 +155,7 @@ options:
     type: path
     default: /sys
 extends_documentation_fragment:
+  - numafleet.tuning.file_safety
   - numafleet.tuning._attributes
 attributes:
   check_mode:
@@ -168,16 +169,6 @@ attributes:
 requirements:
   - nvidia-ml-py (C(import pynvml)) on the target, or C(nvidia-smi).
 notes:
-  - Files below O(root) are read, written and removed without following a symbolic link in any
-    directory of their path (a linked directory fails the task naming it); a link at a file
-    itself is replaced by the file, never written through. Directories made get mode C(0755) and
-    files C(0644) (programs C(0755)) whatever the umask; writes are atomic (temporary file,
-    fsync, rename).
-  - Outside check mode the module holds the per-host lock C(/run/numafleet/apply.lock) (below
-    O(root); C(flock), the holder's PID written in it) from its first read of the host's files to
-    its last write. A second run waits up to 120 seconds, then fails naming the lock and the PID.
-    Check mode takes no lock; it only reads, and every file is replaced in one rename, so it sees
-    each file whole. A O(root) that does not exist yet is not locked.
   - A O(state_path) that is not a numafleet MIG state (not JSON, another format or version) fails
     the task naming the file and the fix; it is never rewritten silently.
   - MIG instances do not survive a reboot; enable C(numafleet-mig.service) so that the boot program

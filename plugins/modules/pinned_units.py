@@ -112,6 +112,8 @@ options:
     choices: [systemd, none]
     default: systemd
 extends_documentation_fragment:
+  - numafleet.tuning.file_safety
+  - numafleet.tuning.file_safety.manifest
   - numafleet.tuning._attributes
 attributes:
   check_mode:
@@ -125,23 +127,6 @@ attributes:
 requirements:
   - C(systemctl) on the target when O(service_manager=systemd) and a unit has to be removed.
 notes:
-  - Files below O(root) are read, written and removed without following a symbolic link in any
-    directory of their path (a linked directory fails the task naming it); a link at a file
-    itself is replaced by the file, never written through. Directories made get mode C(0755) and
-    files C(0644) (programs C(0755)) whatever the umask; writes are atomic (temporary file,
-    fsync, rename).
-  - Outside check mode the module holds the per-host lock C(/run/numafleet/apply.lock) (below
-    O(root); C(flock), the holder's PID written in it) from its first read of the host's files to
-    its last write. A second run waits up to 120 seconds, then fails naming the lock and the PID.
-    Check mode takes no lock; it only reads, and every file is replaced in one rename, so it sees
-    each file whole. A O(root) that does not exist yet is not locked.
-  - Only files this module wrote are disabled and removed. The manifest (version 2) records the
-    sha256 of every file written. A listed file that is no longer planned is removed only when it
-    is in O(unit_dir) with a unit, slice or C(50-numafleet.conf) drop-in name, is a regular file
-    and still has the recorded sha256; a version 1 manifest (no sha256) is trusted only for
-    files that start with O(header). Any other listed file (a vendor or admin unit, a path
-    outside O(unit_dir), a file edited since it was written, a link) is kept, not disabled,
-    reported in RV(kept) and as a warning (in check mode too), and left out of the next manifest.
   - Changes of C(AllowedCPUs=) and the other pinning settings take effect when systemd has reloaded
     its configuration and the service has been restarted; the module does neither (see RV(would_run)).
   - With O(root) other than C(/), use O(service_manager=none); C(systemctl) acts on the running host.
