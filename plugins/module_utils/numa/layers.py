@@ -537,3 +537,136 @@ def merged_would_run(results: dict, restart: str = "auto", awaited=()) -> list:
     if restart == "auto":
         lines += [f"systemctl try-restart {unit}" for unit in awaited]
     return lines
+
+
+# The plan lists each layer reads (host_apply derives the layer's options from them).
+_PLAN_LISTS = {
+    "hugepages": ("nodes",),
+    "kernel": (),
+    "mig": ("mig_gpus", "placements", "mps_daemons"),
+    "mps": ("mps_daemons",),
+    "units": ("placements",),
+}
+# The options host_apply supplies to each layer: a layer's dict may not set them.
+SUPPLIED = {
+    "hugepages": ("root", "service_manager", "pools"),
+    "kernel": ("root", "service_manager"),
+    "mig": ("root", "service_manager", "gpus", "owned_units"),
+    "mps": ("root", "service_manager", "plan"),
+    "units": ("root", "service_manager", "plan"),
+}
+_PLAN_FIX = (
+    "pass the host's plan as numafleet.tuning.numa_plan publishes it "
+    "(plan: '{{ ansible_facts.numafleet_plan }}'), made by this release of the collection"
+)
+
+
+def check_plan(plan, host: Optional[str] = None, enabled=LAYERS) -> None:
+    """Refuse a plan the ``enabled`` layers cannot use; raises LayerError naming the fix.
+
+    The plan must be a dict of version 1, made for ``host`` (when given), with the lists the
+    layers read: nodes (hugepages), mig_gpus, placements and mps_daemons (mig), mps_daemons (mps),
+    placements (units).
+    """
+    if not isinstance(plan, dict):
+        raise LayerError(f"plan: a {type(plan).__name__} is not a plan; {_PLAN_FIX}")
+    who = f"host {plan.get('host') if host is None else host}: "
+    if plan.get("version") != 1:
+        raise LayerError(f"{who}plan: version {plan.get('version')!r} is not 1; {_PLAN_FIX}")
+    if host is not None and plan.get("host") != host:
+        raise LayerError(
+            f"{who}plan: the plan was made for host {plan.get('host')!r}, not {host}; {_PLAN_FIX}"
+        )
+    for layer in (name for name in LAYERS if name in enabled):
+        for key in _PLAN_LISTS[layer]:
+            if not isinstance(plan.get(key), list):
+                raise LayerError(
+                    f"{who}plan: {key} is not a list (layer {layer} reads it); {_PLAN_FIX}"
+                )
+
+
+def supplied_params(layer: str, plan: dict, root: str, service_manager: str) -> dict:
+    """The options of ``layer`` host_apply derives from the plan, ``root`` and ``service_manager``.
+
+    hugepages: ``pools`` = one {node, size_kb, count} per plan.nodes[].hugepages[]; mig: ``gpus``
+    = plan.mig_gpus, ``owned_units`` = the units of plan.placements and plan.mps_daemons (entries
+    with a unit); mps, units: ``plan``. Shapes are the plan's (check_plan first).
+    """
+    params = {"root": root, "service_manager": service_manager}
+    if layer == "hugepages":
+        params["pools"] = [
+            {"node": node.get("id"), "size_kb": pool.get("size_kb"), "count": pool.get("count")}
+            for node in plan.get("nodes") or []
+            for pool in node.get("hugepages") or []
+        ]
+    elif layer == "mig":
+        params["gpus"] = plan.get("mig_gpus") or []
+        params["owned_units"] = [
+            entry["unit"]
+            for entry in (plan.get("placements") or []) + (plan.get("mps_daemons") or [])
+            if isinstance(entry, dict) and entry.get("unit")
+        ]
+    elif layer in ("mps", "units"):
+        params["plan"] = plan
+    return params
+
+
+def replan(plan: dict, settings: dict, host) -> dict:
+    """The host's plan made again after the MIG layer changed the GPUs; raises LayerError.
+
+    The GPUs are read again as numa_facts (gpu: true) reads them, with ``settings`` sysfs_root,
+    procfs_root and gpu_snapshot; the planner is called as the numa_plan action calls it with
+    ``settings`` numa (read again when empty), placements, tenants, policy, hugepages_extra and
+    mig_gpus, and ``plan`` as the recorded plan, so that placements keep their resources; its
+    awaiting_restart is carried over. ``host`` is the host protocol (its load_pynvml is used).
+    """
+    from . import facts, planner
+
+    def runner(argv):
+        return host.run_command(argv, environ_update=dict(ENVIRON))
+
+    def load_nvml():
+        module = (getattr(host, "load_pynvml", None) or _no_nvml)()
+        return (module, None) if module else (None, "nvidia-ml-py (import pynvml) is not installed")
+
+    name = plan.get("host")
+    gather = {
+        "sysfs_root": settings.get("sysfs_root") or "/sys",
+        "procfs_root": settings.get("procfs_root") or "/proc",
+        "gpu": True,
+        "gpu_snapshot": settings.get("gpu_snapshot"),
+        "nvidia_smi": "auto",
+        "nvidia_smi_timeout": 30,
+    }
+    try:
+        gathered, dummy = facts.gather_facts(
+            gather, host.check_mode, runner, host.get_bin_path, load_nvml
+        )
+        recorded = planner.parse_recorded(
+            name, {"state": "present", "plan": plan}, _UNITS_PLAN_PATH
+        )
+        new = planner.plan_host(
+            name,
+            settings.get("numa") or gathered["numa"],
+            gathered["gpu_topology"],
+            settings.get("placements") or [],
+            settings.get("tenants") or [],
+            settings.get("policy") or {},
+            hugepages_extra=settings.get("hugepages_extra") or [],
+            mig_gpus=settings.get("mig_gpus") or [],
+            recorded=recorded,
+        )
+    except NumaTuneError as exc:
+        raise LayerError(
+            f"host {name}: re-planning after the MIG change failed: {exc}; the MIG layout is "
+            "applied: fix the input and run again"
+        ) from None
+    new["awaiting_restart"] = list(plan.get("awaiting_restart") or [])
+    return new
+
+
+def summary(plan: dict) -> str:
+    """planner.plan_summary of ``plan`` (one line)."""
+    from . import planner
+
+    return planner.plan_summary(plan)
