@@ -160,7 +160,6 @@ options:
         type: path
 extends_documentation_fragment:
   - numafleet.tuning.file_safety
-  - numafleet.tuning.file_safety.manifest
   - numafleet.tuning._attributes
 attributes:
   check_mode:
@@ -175,6 +174,9 @@ requirements:
   - What each enabled layer's module requires on the target.
 notes:
   - The per-host lock is held once, for all the layers (not in check mode).
+  - The mps and units layers remove only the files their manifests list, as
+    M(numafleet.tuning.nvidia_mps) and M(numafleet.tuning.pinned_units) do; files they keep are in
+    their C(kept) results and warnings.
 seealso:
   - module: numafleet.tuning.numa_plan
   - module: numafleet.tuning.numa_hugepages

@@ -351,3 +351,52 @@ def test_only_units_imports_no_mig_nvml_or_hugepages_code(demo_plan, demo, tmp_p
     assert "units" in loaded
     for name in ("mig", "mig_nvml", "mig_smi", "gpu", "gpu_nvml", "hugepages", "kernel", "mps"):
         assert name not in loaded
+
+
+class _Host:
+    """The layers host protocol without a module: nothing to run, no NVML."""
+
+    check_mode, diff = True, False
+
+    def run_command(self, argv, **kw):
+        raise AssertionError(f"nothing should run: {argv}")
+
+    def get_bin_path(self, name, required=False):
+        return None
+
+    def warn(self, text):
+        raise AssertionError(text)
+
+
+def test_replan_reads_the_gpus_again_and_keeps_the_placements(demo_plan, demo):
+    from ansible_collections.numafleet.tuning.plugins.module_utils.numa import layers
+
+    host_vars = yaml.safe_load(HOST_VARS.read_text())
+    plan = json.loads(json.dumps(demo_plan))
+    plan["awaiting_restart"] = ["numafleet-embed.service"]
+    settings = {
+        "sysfs_root": f"{demo['fsroot']}/sys",
+        "procfs_root": f"{demo['fsroot']}/proc",
+        "gpu_snapshot": f"{demo['fsroot']}/gpu-snapshot.json",
+        "placements": host_vars["numafleet_placements"],
+        "tenants": host_vars["numafleet_tenants"],
+        "policy": {
+            "reserved_cpus": host_vars["numafleet_reserved_cpus"],
+            "memory_headroom_pct": host_vars["numafleet_memory_headroom_pct"],
+        },
+        "mig_gpus": host_vars["numafleet_mig_gpus"],
+    }
+    new = layers.replan(plan, settings, _Host())
+    assert set(new["stability"].values()) == {"kept"}
+    assert new["placements"] == demo_plan["placements"]
+    assert new["awaiting_restart"] == ["numafleet-embed.service"]
+    assert layers.summary(new).startswith("gpu-a100-01: 6 placements")
+
+
+def test_replan_failure_names_the_host_and_the_fix(demo_plan, demo):
+    from ansible_collections.numafleet.tuning.plugins.module_utils.numa import layers
+
+    settings = {"gpu_snapshot": f"{demo['fsroot']}/missing.json", "sysfs_root": "/nonexistent"}
+    with pytest.raises(layers.LayerError) as failed:
+        layers.replan(demo_plan, settings, _Host())
+    assert failed.value.msg.startswith("host gpu-a100-01: re-planning after the MIG change failed")
