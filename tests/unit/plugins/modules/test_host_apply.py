@@ -400,3 +400,49 @@ def test_replan_failure_names_the_host_and_the_fix(demo_plan, demo):
     with pytest.raises(layers.LayerError) as failed:
         layers.replan(demo_plan, settings, _Host())
     assert failed.value.msg.startswith("host gpu-a100-01: re-planning after the MIG change failed")
+
+
+def _mig_changed(params, host, ran):
+    """A mig layer that created MIG devices (as on a host with NVML)."""
+    return {"changed": True, "gpu_changed": True, "files": [], "would_run": [], "ran": [],
+            "mig_devices": [{"device_uuid": "MIG-new"}], "reset_required": False}  # fmt: skip
+
+
+def test_a_mig_change_replans_and_mps_units_use_the_new_plan(
+    run_module, demo_plan, demo, monkeypatch
+):
+    from ansible_collections.numafleet.tuning.plugins.module_utils.numa import layers
+
+    new_plan = json.loads(json.dumps(demo_plan))
+    new_plan["placements"] = [p for p in new_plan["placements"] if p["name"] == "llm-70b"]
+    new_plan["mps_daemons"] = []
+    seen = {}
+
+    def replan(plan, settings, host):
+        seen["args"] = (plan["host"], settings["gpu_snapshot"])
+        return new_plan
+
+    monkeypatch.setitem(layers._RUNNERS, "mig", _mig_changed)
+    monkeypatch.setattr(layers, "replan", replan)
+    args = apply_args(demo, demo_plan, replan={"gpu_snapshot": "/x.json"})
+    result = run_module("host_apply", args)
+    assert not result["failed"], result["msg"]
+    assert seen["args"] == ("gpu-a100-01", "/x.json")
+    assert result["plan"] == new_plan
+    assert result["summary"].startswith("gpu-a100-01: 1 placement")
+    assert result["mig_devices"] == [{"device_uuid": "MIG-new"}]
+    assert result["layers"]["units"]["units"]["new"] == ["numafleet-llm-70b.service"]
+    assert result["layers"]["mps"]["daemons"] == []
+
+
+def test_a_mig_change_without_replan_warns_and_keeps_the_plan(
+    run_module, demo_plan, demo, monkeypatch
+):
+    from ansible_collections.numafleet.tuning.plugins.module_utils.numa import layers
+
+    monkeypatch.setitem(layers._RUNNERS, "mig", _mig_changed)
+    result = run_module("host_apply", apply_args(demo, demo_plan))
+    assert not result["failed"], result["msg"]
+    assert "plan" not in result
+    assert "replan is not given" in json.dumps(result["warnings"])
+    assert len(result["layers"]["units"]["units"]["new"]) == len(demo_plan["placements"])
