@@ -300,9 +300,9 @@ def _layer_params(module, name: str, plan: dict) -> dict:
     supplied = [key for key in layers.SUPPLIED[name] if key in given]
     if supplied:
         module.fail_json(
-            msg=f"{name}: {', '.join(supplied)} cannot be set here; host_apply gives the layer "
-            "root and service_manager of its own options and derives the rest from the plan: "
-            f"remove {', '.join(supplied)} from {name}"
+            msg=f"{name}: {', '.join(supplied)} cannot be set here: host_apply sets "
+            f"{', '.join(layers.SUPPLIED[name])} of this layer itself (from its root, "
+            f"service_manager and plan options); remove {', '.join(supplied)} from {name}"
         )
     params = dict(given)
     params.update(
