@@ -35,6 +35,7 @@ description:
     module naming it and what ran.
   - The module never reboots. When the kernel command line changed, RV(reboot_required) is true
     and RV(kernel_args) says what the next boot gets; the play reboots (M(ansible.builtin.reboot)).
+  - Every failure message starts with C(host NAME:) when O(host) is given.
   - A layer that fails stops the run; the message names the layer, RV(ran) lists what ran and
     RV(layers) holds the results of the layers that completed.
 options:
@@ -294,15 +295,24 @@ def load_pynvml():
     return pynvml
 
 
+def _fail(module, msg: str, **extra) -> None:
+    """fail_json with ``msg`` led by "host NAME: " when the host option is given."""
+    host = module.params["host"]
+    if host and not msg.startswith(f"host {host}: "):
+        msg = f"host {host}: {msg}"
+    module.fail_json(msg=msg, **extra)
+
+
 def _layer_params(module, name: str, plan: dict) -> dict:
     """The validated options of layer ``name``; fails the module naming the option."""
     given = dict(module.params[name] or {})
     supplied = [key for key in layers.SUPPLIED[name] if key in given]
     if supplied:
-        module.fail_json(
-            msg=f"{name}: {', '.join(supplied)} cannot be set here: host_apply sets "
+        _fail(
+            module,
+            f"{name}: {', '.join(supplied)} cannot be set here: host_apply sets "
             f"{', '.join(layers.SUPPLIED[name])} of this layer itself (from its root, "
-            f"service_manager and plan options); remove {', '.join(supplied)} from {name}"
+            f"service_manager and plan options); remove {', '.join(supplied)} from {name}",
         )
     params = dict(given)
     params.update(
@@ -310,7 +320,7 @@ def _layer_params(module, name: str, plan: dict) -> dict:
     )
     checked = ArgumentSpecValidator(layers.SPECS[name]).validate(params)
     if checked.error_messages:
-        module.fail_json(msg=f"{name}: {'; '.join(checked.error_messages)}")
+        _fail(module, f"{name}: {'; '.join(checked.error_messages)}")
     return checked.validated_parameters
 
 
@@ -346,7 +356,7 @@ def main() -> None:
     try:
         layers.check_plan(plan, params["host"], enabled)
     except layers.LayerError as exc:
-        module.fail_json(msg=exc.msg)
+        _fail(module, exc.msg)
     options = {name: _layer_params(module, name, plan) for name in enabled}
 
     host = layers.ModuleHost(module, load_pynvml)
@@ -374,7 +384,7 @@ def main() -> None:
     except layers.LayerError as exc:
         where = f"layer {current}: " if current else ""
         ran += exc.ran or []
-        module.fail_json(msg=f"{where}{exc.msg}", ran=ran, layers=results)
+        _fail(module, f"{where}{exc.msg}", ran=ran, layers=results)
 
     render = host.check_mode or params["service_manager"] == "none"
     hugepages, mig = results.get("hugepages") or {}, results.get("mig") or {}

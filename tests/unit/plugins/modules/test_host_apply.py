@@ -283,7 +283,7 @@ def test_a_failing_layer_names_the_layer_and_keeps_the_results_before(run_module
     args["units"] = {"unit_dir": "relative/dir"}
     result = run_module("host_apply", args)
     assert result["failed"]
-    assert result["msg"].startswith("layer units: ")
+    assert result["msg"].startswith("host gpu-a100-01: layer units: ")
     assert "unit_dir" in result["msg"]
     assert list(result["layers"]) == ["hugepages", "kernel", "mig", "mps"]
 
@@ -302,7 +302,7 @@ def test_a_bad_layer_option_names_the_layer(run_module, demo_plan, demo, layer, 
     args[layer] = options
     result = run_module("host_apply", args)
     assert result["failed"]
-    assert result["msg"].startswith(fragment), result["msg"]
+    assert result["msg"].startswith(f"host gpu-a100-01: {fragment}"), result["msg"]
     assert not Path(demo["root"]).exists()  # refused before anything ran
 
 
