@@ -390,75 +390,14 @@ handler_mount_stop:
   sample: ["mnt-huge\\x2d2m.mount"]
 """
 
-from contextlib import ExitStack, nullcontext
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.numafleet.tuning.plugins.module_utils.numa import files, hugepages
-from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import NumaTuneError
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import layers
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec=dict(
-            pools=dict(
-                type="list",
-                elements="dict",
-                required=True,
-                options=dict(
-                    node=dict(type="int", required=True),
-                    size_kb=dict(type="int", required=True),
-                    count=dict(type="int", required=True),
-                ),
-            ),
-            sysfs_root=dict(type="path", default="/sys"),
-            procfs_root=dict(type="path", default="/proc"),
-            root=dict(type="path", default="/"),
-            service_manager=dict(type="str", choices=["systemd", "none"], default="systemd"),
-            boot_reserve_sizes_kb=dict(type="list", elements="int", default=[]),
-            bootloader=dict(
-                type="str", choices=["auto", "grub_d", "grubby", "none"], default="auto"
-            ),
-            mounts=dict(
-                type="list",
-                elements="dict",
-                default=[],
-                options=dict(
-                    path=dict(type="str", required=True),
-                    size_kb=dict(type="int", required=True),
-                    mode=dict(type="str", default="1770"),
-                    group=dict(type="str"),
-                ),
-            ),
-        ),
-        supports_check_mode=True,
-    )
-    params, stack = module.params, ExitStack()
-    try:
-        # Held from the first read of the host's files to the last write (not in check mode).
-        stack.enter_context(
-            files.host_lock(params["root"]) if not module.check_mode else nullcontext()
-        )
-        plan = hugepages.plan_hugepages(
-            pools=params["pools"],
-            sysfs_root=params["sysfs_root"],
-            procfs_root=params["procfs_root"],
-            root=params["root"],
-            service_manager=params["service_manager"],
-            boot_reserve_sizes_kb=params["boot_reserve_sizes_kb"],
-            bootloader=params["bootloader"],
-            mounts=params["mounts"],
-        )
-        if not module.check_mode:
-            hugepages.apply_hugepages(plan)
-    except NumaTuneError as exc:
-        module.fail_json(msg=str(exc))
-    finally:
-        stack.close()  # the lock goes with the last write, or with a failure
-    result = plan.as_result(module.check_mode, module._diff)
-    for warning in result.pop("warnings"):
-        module.warn(warning)
-    module.exit_json(**result)
+    module = AnsibleModule(argument_spec=layers.SPECS["hugepages"], supports_check_mode=True)
+    layers.run_module(module, "hugepages")
 
 
 if __name__ == "__main__":

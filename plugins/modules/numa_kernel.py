@@ -282,97 +282,14 @@ ran:
   sample: [systemctl try-restart irqbalance.service]
 """
 
-from contextlib import ExitStack, nullcontext
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.numafleet.tuning.plugins.module_utils.numa import files, kernel
-from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import NumaTuneError
-
-ENVIRON = {"LC_ALL": "C", "LANG": "C"}
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import layers
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec=dict(
-            # No choices=: AnsibleModule refuses an explicit null against them, and null means
-            # "leave alone" here. The core checks the values (kernel.parse_options).
-            numa_balancing=dict(type="int"),
-            zone_reclaim_mode=dict(type="int"),
-            thp_enabled=dict(type="str"),
-            thp_defrag=dict(type="str"),
-            numad=dict(type="str", default="leave"),
-            irqbalance_banned_cpus=dict(type="str"),
-            irq_affinity=dict(
-                type="list",
-                elements="dict",
-                default=[],
-                options=dict(
-                    irq=dict(type="int"),
-                    address=dict(type="str"),
-                    cpus=dict(type="str", required=True),
-                ),
-            ),
-            sysfs_root=dict(type="path", default="/sys"),
-            procfs_root=dict(type="path", default="/proc"),
-            root=dict(type="path", default="/"),
-            service_manager=dict(type="str", choices=["systemd", "none"], default="systemd"),
-        ),
-        supports_check_mode=True,
-    )
-    params, ran, stack = module.params, [], ExitStack()
-    systemd = params["service_manager"] == "systemd"
-    try:
-        # Held from the first read of the host's files to the last write (not in check mode).
-        stack.enter_context(
-            files.host_lock(params["root"]) if not module.check_mode else nullcontext()
-        )
-        desired = kernel.parse_options(params)
-        state = kernel.read_state(
-            desired, params["sysfs_root"], params["procfs_root"], params["root"]
-        )
-        services = {}
-        for unit in kernel.units_to_query(desired, state) if systemd else []:
-            argvs = kernel.query_argvs(_bin(module, "systemctl"), _bin(module, "timeout"), unit)
-            outs = [module.run_command(argv, environ_update=ENVIRON)[1] for argv in argvs]
-            services[unit] = kernel.parse_service_state(*outs)
-        change = kernel.plan_change(desired, state, services)
-        warnings = list(change.warnings)
-        if not module.check_mode:
-            warnings += kernel.write_runtime(change.runtime)
-            kernel.write_files(params["root"], change.files)
-            for args in change.commands if systemd else ():
-                argv = kernel.command_argv(_bin(module, "systemctl"), _bin(module, "timeout"), args)
-                rc, dummy, err = module.run_command(argv, environ_update=ENVIRON)
-                line = " ".join(("systemctl",) + tuple(args))
-                if rc != 0:
-                    module.fail_json(
-                        msg=f"{line} failed (rc {rc}): {err.strip()}; the kernel settings and "
-                        "files are written: fix the unit by hand and run again",
-                        ran=ran,
-                    )
-                ran.append(line)
-    except NumaTuneError as exc:
-        module.fail_json(msg=str(exc), ran=ran)
-    finally:
-        stack.close()  # the lock goes with the last write, or with a failure
-    for warning in warnings:
-        module.warn(warning)
-    result = dict(
-        changed=change.changed,
-        settings=[setting.as_dict() for setting in change.settings],
-        files=[file_change.as_dict() for file_change in change.files],
-        would_run=change.would_run(),
-        ran=ran,
-    )
-    if module._diff:
-        result["diff"] = change.as_diff()
-    module.exit_json(**result)
-
-
-def _bin(module: AnsibleModule, name: str):
-    """Path of ``systemctl`` (required) or ``timeout`` (optional)."""
-    return module.get_bin_path(name, required=name == "systemctl")
+    module = AnsibleModule(argument_spec=layers.SPECS["kernel"], supports_check_mode=True)
+    layers.run_module(module, "kernel")
 
 
 if __name__ == "__main__":

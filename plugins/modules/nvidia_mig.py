@@ -395,15 +395,9 @@ gpu_changed:
   sample: false
 """
 
-import functools
-from contextlib import nullcontext
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.numafleet.tuning.plugins.module_utils.numa import files, mig, mig_nvml
-from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import (
-    NumaTuneError,
-)
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import layers
 
 
 def load_pynvml():
@@ -416,42 +410,8 @@ def load_pynvml():
 
 
 def main() -> None:
-    layout = dict(profile=dict(type="str", required=True), start=dict(type="int"),
-                  compute_profile=dict(type="str"))  # fmt: skip
-    gpu = dict(gpu=dict(type="str", required=True), uuid=dict(type="str"),
-               mode=dict(type="str", choices=["enabled", "disabled"], default="enabled"),
-               layout=dict(type="list", elements="dict", default=[], options=layout))  # fmt: skip
-    module = AnsibleModule(
-        argument_spec=dict(
-            gpus=dict(type="list", elements="dict", required=True, options=gpu),
-            reset_ok=dict(type="bool", default=False),
-            owned_units=dict(type="list", elements="str", default=[]),
-            backend=dict(type="str", choices=["auto", "nvml", "nvidia-smi"], default="auto"),
-            snapshot=dict(type="path"),
-            root=dict(type="path", default="/"),
-            state_path=dict(type="path", default=mig.DEFAULT_STATE_PATH),
-            boot_program_path=dict(type="path", default=mig.DEFAULT_BOOT_PROGRAM_PATH),
-            unit_dir=dict(type="path", default="/etc/systemd/system"),
-            mig_parted_config=dict(type="str", default=mig.DEFAULT_MIG_PARTED_PATH),
-            service_manager=dict(type="str", choices=["systemd", "none"], default="systemd"),
-            procfs_root=dict(type="path", default="/proc"),
-            sysfs_root=dict(type="path", default="/sys"),
-        ),
-        supports_check_mode=True,
-    )
-    params = dict(module.params)
-    run = functools.partial(module.run_command, environ_update={"LC_ALL": "C", "LANG": "C"})
-    try:
-        # Held from the first read of the host to the last write (not in check mode).
-        with files.host_lock(params["root"]) if not module.check_mode else nullcontext():
-            result = mig_nvml.run(params, module.check_mode, run, module.get_bin_path, load_pynvml)
-    except NumaTuneError as exc:
-        module.fail_json(msg=str(exc))
-    for item in result["kept"]:
-        module.warn(f"{item['path']}: {item['reason']}")
-    if not module._diff:
-        result.pop("diff")
-    module.exit_json(**result)
+    module = AnsibleModule(argument_spec=layers.SPECS["mig"], supports_check_mode=True)
+    layers.run_module(module, "mig", load_pynvml)
 
 
 if __name__ == "__main__":

@@ -391,99 +391,14 @@ handler_start:
   sample: [nvidia-mps@GPU-fdb5df64-11ce-5c72-a560-9702875cecd6.service]
 """
 
-from contextlib import ExitStack, nullcontext
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.numafleet.tuning.plugins.module_utils.numa import files, mps, units
-from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import NumaTuneError
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import layers
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec=dict(
-            plan=dict(type="dict", required=True),
-            root=dict(type="path", default="/"),
-            unit_dir=dict(type="path", default=units.DEFAULT_UNIT_DIR),
-            manifest_path=dict(type="path", default=mps.DEFAULT_MANIFEST_PATH),
-            header=dict(type="str", default=units.DEFAULT_HEADER),
-            service_manager=dict(type="str", choices=["systemd", "none"], default="systemd"),
-            nvidia_cuda_mps_control=dict(type="path", default=mps.DEFAULT_CONTROL),
-            nvidia_smi=dict(type="path", default=mps.DEFAULT_NVIDIA_SMI),
-        ),
-        supports_check_mode=True,
-    )
-    params = module.params
-    root, systemd = params["root"], params["service_manager"] == "systemd"
-    control = params["nvidia_cuda_mps_control"]
-    env = {"LC_ALL": "C", "LANG": "C"}
-    ran, settings, live, kept, stack = [], [], False, [], ExitStack()
-
-    def runner(argv, stdin, environ):
-        return module.run_command(
-            argv, data=stdin, binary_data=True, environ_update=dict(env, **environ)
-        )
-
-    try:
-        daemons, warnings = mps.plan_daemons(params["plan"])
-        unit_dir = units.check_host_path("unit_dir", params["unit_dir"])
-        manifest_path = units.check_host_path("manifest_path", params["manifest_path"])
-        desired = mps.render_files(
-            daemons, params["header"], unit_dir, control, params["nvidia_smi"]
-        )
-        # Held from the first read of the host's files to the last write (not in check mode).
-        stack.enter_context(files.host_lock(root) if not module.check_mode else nullcontext())
-        manifest = units.read_manifest(root, manifest_path)
-        mps.check_manifest_owner(manifest_path, manifest.files)
-        owned, kept = units.removable(root, manifest, desired, unit_dir, params["header"])
-        current = units.read_files(root, set(desired) | set(owned))
-        changes = units.plan_changes(current, desired, owned)
-        manifest_change = units.plan_manifest(manifest, desired)
-        actions = mps.plan_actions(changes, daemons)
-        systemctl = module.get_bin_path("systemctl", required=True) if systemd else None
-        if systemd:
-            settings, ran, live = mps.sync_settings(
-                runner, systemctl, control, daemons, actions, not module.check_mode
-            )
-        if not module.check_mode:
-            for unit in actions.disable if systemd else ():
-                argv = units.disable_argv(systemctl, module.get_bin_path("timeout"), unit)
-                rc, dummy, err = module.run_command(argv, environ_update=env)
-                if rc != 0:
-                    module.fail_json(
-                        msg=f"systemctl disable --now {unit} failed (rc {rc}): {err.strip()}; "
-                        "its drop-in is kept: stop the daemon by hand and run again",
-                        ran=ran,
-                    )
-                ran.append(f"systemctl disable --now {unit}")
-            units.write_files(root, changes)
-            units.write_manifest(root, manifest_change)
-    except NumaTuneError as exc:
-        module.fail_json(msg=str(exc), ran=ran)
-    finally:
-        stack.close()  # the lock goes with the last write, or with a failure
-
-    for warning in warnings + [item.message() for item in kept]:
-        module.warn(warning)
-    every = changes + ([manifest_change] if manifest_change else [])
-    handlers = systemd and not module.check_mode
-    result = dict(
-        changed=live or any(change.state != "unchanged" for change in every),
-        files=[change.as_dict() for change in every],
-        daemons=[daemon.as_dict() for daemon in daemons],
-        units=actions.units,
-        reload_needed=actions.reload_needed,
-        would_run=actions.would_run(),
-        ran=ran,
-        settings=settings,
-        skipped=warnings,
-        kept=[item.as_dict() for item in kept],
-        handler_restart=list(actions.restart) if handlers else [],
-        handler_start=list(actions.start) if handlers else [],
-    )
-    if module._diff:
-        result["diff"] = [change.as_diff() for change in every if change.state != "unchanged"]
-    module.exit_json(**result)
+    module = AnsibleModule(argument_spec=layers.SPECS["mps"], supports_check_mode=True)
+    layers.run_module(module, "mps")
 
 
 if __name__ == "__main__":

@@ -327,94 +327,14 @@ handler_start:
   sample: [numafleet-llm-70b.service]
 """
 
-from contextlib import ExitStack, nullcontext
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.numafleet.tuning.plugins.module_utils.numa import files, units
-from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import NumaTuneError
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import layers
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec=dict(
-            plan=dict(type="dict", required=True),
-            root=dict(type="path", default="/"),
-            unit_dir=dict(type="path", default=units.DEFAULT_UNIT_DIR),
-            manifest_path=dict(type="path", default=units.DEFAULT_MANIFEST_PATH),
-            plan_path=dict(type="path", default=units.DEFAULT_PLAN_PATH),
-            header=dict(type="str", default=units.DEFAULT_HEADER),
-            hardening=dict(type="bool", default=True),
-            service_manager=dict(type="str", choices=["systemd", "none"], default="systemd"),
-        ),
-        supports_check_mode=True,
-    )
-    params = module.params
-    root, systemd = params["root"], params["service_manager"] == "systemd"
-    ran, kept, stack = [], [], ExitStack()
-    try:
-        unit_dir = units.check_host_path("unit_dir", params["unit_dir"])
-        manifest_path = units.check_host_path("manifest_path", params["manifest_path"])
-        desired = units.render_files(
-            params["plan"], params["header"], params["hardening"], unit_dir
-        )
-        plan_path = units.check_host_path("plan_path", params["plan_path"])
-        # Held from the first read of the host's files to the last write (not in check mode).
-        stack.enter_context(files.host_lock(root) if not module.check_mode else nullcontext())
-        manifest = units.read_manifest(root, manifest_path)
-        owned, kept = units.removable(root, manifest, desired, unit_dir, params["header"])
-        current = units.read_files(root, set(desired) | set(owned))
-        changes = units.plan_changes(current, desired, owned)
-        manifest_change = units.plan_manifest(manifest, desired)
-        plan_change = units.plan_record_change(root, plan_path, params["plan"])
-        if plan_change.state == "create" and not desired and not manifest.files:
-            plan_change = None  # nothing planned, nothing written before: nothing to record
-        actions = units.plan_actions(changes)
-        if not module.check_mode:
-            if systemd and actions.disable:
-                systemctl = module.get_bin_path("systemctl", required=True)
-                timeout = module.get_bin_path("timeout")
-                for unit in actions.disable:
-                    argv = units.disable_argv(systemctl, timeout, unit)
-                    rc, dummy, err = module.run_command(
-                        argv, environ_update={"LC_ALL": "C", "LANG": "C"}
-                    )
-                    if rc != 0:
-                        module.fail_json(
-                            msg=f"systemctl disable --now {unit} failed (rc {rc}): {err.strip()}; "
-                            "its unit file is kept: stop the unit by hand and run again",
-                            ran=ran,
-                        )
-                    ran.append(f"systemctl disable --now {unit}")
-            units.write_files(root, changes)
-            units.write_manifest(root, manifest_change)
-            if plan_change is not None:
-                units.write_files(root, [plan_change])
-    except NumaTuneError as exc:
-        module.fail_json(msg=str(exc), ran=ran)
-    finally:
-        stack.close()  # the lock goes with the last write, or with a failure
-
-    for item in kept:
-        module.warn(item.message())
-    every = [change for change in changes + [manifest_change, plan_change] if change is not None]
-    handlers = systemd and not module.check_mode
-    result = dict(
-        changed=any(change.state != "unchanged" for change in every),
-        files=[change.as_dict() for change in every],
-        units=actions.units,
-        slices=actions.slices,
-        reload_needed=actions.reload_needed,
-        would_run=actions.would_run(),
-        ran=ran,
-        kept=[item.as_dict() for item in kept],
-        handler_restart=list(actions.restart) if handlers else [],
-        handler_try_restart=list(actions.try_restart) if handlers else [],
-        handler_start=list(actions.start) if handlers else [],
-    )
-    if module._diff:
-        result["diff"] = [change.as_diff() for change in every if change.state != "unchanged"]
-    module.exit_json(**result)
+    module = AnsibleModule(argument_spec=layers.SPECS["units"], supports_check_mode=True)
+    layers.run_module(module, "units")
 
 
 if __name__ == "__main__":

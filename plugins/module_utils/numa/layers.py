@@ -1,0 +1,672 @@
+# Private to this collection: may change in any release.
+"""The five apply layers (hugepages, kernel, mig, mps, units) as one function each, behind ``run``.
+
+The five apply modules (numa_hugepages, numa_kernel, nvidia_mig, nvidia_mps, pinned_units) and
+host_apply call ``run(layer, params, host)``; it returns the module result of that layer (the
+same keys the module returns) and raises LayerError (``msg`` and ``ran``). ``host`` is anything
+with the attributes and methods of ``ModuleHost`` (an AnsibleModule adapted by it, or a test
+double): ``check_mode``, ``diff``, ``run_command(argv, **kw)``, ``get_bin_path(name,
+required=False)``, ``warn(text)``.
+
+The caller holds the host lock (``lock(root, check_mode)``) around every layer it runs, so that
+host_apply holds one lock for all of them. Each layer imports its core files when it runs: a
+run of the units layer alone never imports the MIG, NVML or hugepage code.
+
+``handler_argvs`` and ``merged_would_run`` turn layer results into the commands the roles'
+handlers ran (the handler pass of host_apply) and into one ``would_run`` list; both do no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Optional
+
+from .errors import NumaTuneError
+
+LAYERS = ("hugepages", "kernel", "mig", "mps", "units")
+ENVIRON = {"LC_ALL": "C", "LANG": "C"}
+_SYSTEMD = dict(type="str", choices=["systemd", "none"], default="systemd")
+
+# Defaults repeated from the core files (mig.py, mps.py, units.py) so that building a spec imports
+# none of them; tests/unit/plugins/module_utils/numa/test_layers.py checks that they agree.
+_MIG_STATE_PATH = "/etc/numafleet/mig.json"
+_MIG_BOOT_PROGRAM_PATH = "/usr/local/libexec/numafleet-mig"
+_MIG_PARTED_PATH = "/etc/numafleet/mig-parted.yaml"
+_MPS_MANIFEST_PATH = "/etc/numafleet/mps-units.json"
+_MPS_CONTROL = "/usr/bin/nvidia-cuda-mps-control"
+_MPS_NVIDIA_SMI = "/usr/bin/nvidia-smi"
+_UNITS_HEADER = "# Managed by numafleet.tuning"
+_UNIT_DIR = "/etc/systemd/system"
+_UNITS_MANIFEST_PATH = "/etc/numafleet/manifest.json"
+_UNITS_PLAN_PATH = "/etc/numafleet/plan.json"
+
+_MIG_LAYOUT = dict(
+    profile=dict(type="str", required=True),
+    start=dict(type="int"),
+    compute_profile=dict(type="str"),
+)
+_MIG_GPU = dict(
+    gpu=dict(type="str", required=True),
+    uuid=dict(type="str"),
+    mode=dict(type="str", choices=["enabled", "disabled"], default="enabled"),
+    layout=dict(type="list", elements="dict", default=[], options=_MIG_LAYOUT),
+)
+
+# Each layer's module argument_spec (the module's DOCUMENTATION documents the same options).
+SPECS = {
+    "hugepages": dict(
+        pools=dict(
+            type="list",
+            elements="dict",
+            required=True,
+            options=dict(
+                node=dict(type="int", required=True),
+                size_kb=dict(type="int", required=True),
+                count=dict(type="int", required=True),
+            ),
+        ),
+        sysfs_root=dict(type="path", default="/sys"),
+        procfs_root=dict(type="path", default="/proc"),
+        root=dict(type="path", default="/"),
+        service_manager=_SYSTEMD,
+        boot_reserve_sizes_kb=dict(type="list", elements="int", default=[]),
+        bootloader=dict(type="str", choices=["auto", "grub_d", "grubby", "none"], default="auto"),
+        mounts=dict(
+            type="list",
+            elements="dict",
+            default=[],
+            options=dict(
+                path=dict(type="str", required=True),
+                size_kb=dict(type="int", required=True),
+                mode=dict(type="str", default="1770"),
+                group=dict(type="str"),
+            ),
+        ),
+    ),
+    "kernel": dict(
+        # No choices=: AnsibleModule refuses an explicit null against them, and null means
+        # "leave alone" here. The core checks the values (kernel.parse_options).
+        numa_balancing=dict(type="int"),
+        zone_reclaim_mode=dict(type="int"),
+        thp_enabled=dict(type="str"),
+        thp_defrag=dict(type="str"),
+        numad=dict(type="str", default="leave"),
+        irqbalance_banned_cpus=dict(type="str"),
+        irq_affinity=dict(
+            type="list",
+            elements="dict",
+            default=[],
+            options=dict(
+                irq=dict(type="int"),
+                address=dict(type="str"),
+                cpus=dict(type="str", required=True),
+            ),
+        ),
+        sysfs_root=dict(type="path", default="/sys"),
+        procfs_root=dict(type="path", default="/proc"),
+        root=dict(type="path", default="/"),
+        service_manager=_SYSTEMD,
+    ),
+    "mig": dict(
+        gpus=dict(type="list", elements="dict", required=True, options=_MIG_GPU),
+        reset_ok=dict(type="bool", default=False),
+        owned_units=dict(type="list", elements="str", default=[]),
+        backend=dict(type="str", choices=["auto", "nvml", "nvidia-smi"], default="auto"),
+        snapshot=dict(type="path"),
+        root=dict(type="path", default="/"),
+        state_path=dict(type="path", default=_MIG_STATE_PATH),
+        boot_program_path=dict(type="path", default=_MIG_BOOT_PROGRAM_PATH),
+        unit_dir=dict(type="path", default=_UNIT_DIR),
+        mig_parted_config=dict(type="str", default=_MIG_PARTED_PATH),
+        service_manager=_SYSTEMD,
+        procfs_root=dict(type="path", default="/proc"),
+        sysfs_root=dict(type="path", default="/sys"),
+    ),
+    "mps": dict(
+        plan=dict(type="dict", required=True),
+        root=dict(type="path", default="/"),
+        unit_dir=dict(type="path", default=_UNIT_DIR),
+        manifest_path=dict(type="path", default=_MPS_MANIFEST_PATH),
+        header=dict(type="str", default=_UNITS_HEADER),
+        service_manager=_SYSTEMD,
+        nvidia_cuda_mps_control=dict(type="path", default=_MPS_CONTROL),
+        nvidia_smi=dict(type="path", default=_MPS_NVIDIA_SMI),
+    ),
+    "units": dict(
+        plan=dict(type="dict", required=True),
+        root=dict(type="path", default="/"),
+        unit_dir=dict(type="path", default=_UNIT_DIR),
+        manifest_path=dict(type="path", default=_UNITS_MANIFEST_PATH),
+        plan_path=dict(type="path", default=_UNITS_PLAN_PATH),
+        header=dict(type="str", default=_UNITS_HEADER),
+        hardening=dict(type="bool", default=True),
+        service_manager=_SYSTEMD,
+    ),
+}
+
+# Layers whose module result has carried `ran` on failure (the others fail with `msg` only).
+_RAN_ON_FAILURE = ("kernel", "mps", "units")
+
+
+class LayerError(Exception):
+    """A layer failed: ``msg`` is the complete message, ``ran`` the commands it ran before.
+
+    ``ran`` is None for the layers whose module never reported it on failure (hugepages, mig).
+    """
+
+    def __init__(self, msg: str, ran: Optional[list] = None) -> None:
+        super().__init__(msg)
+        self.msg = msg
+        self.ran = ran
+
+
+class ModuleHost:
+    """The host protocol over an AnsibleModule: its check_mode, _diff, run_command, ...
+
+    ``load_pynvml()`` gives the pynvml module or None (the module file imports it: the core
+    imports nothing outside the standard library); without it the mig layer has no NVML.
+    """
+
+    def __init__(self, module, load_pynvml=None) -> None:
+        self.module = module
+        self.load_pynvml = load_pynvml
+        self.check_mode = bool(module.check_mode)
+        self.diff = bool(module._diff)
+
+    def run_command(self, argv, **kw):
+        return self.module.run_command(argv, **kw)
+
+    def get_bin_path(self, name: str, required: bool = False):
+        return self.module.get_bin_path(name, required=required)
+
+    def warn(self, text: str) -> None:
+        self.module.warn(text)
+
+
+@contextmanager
+def lock(root: str, check_mode: bool) -> Iterator[None]:
+    """Hold files.host_lock(root) (not in check mode); a LockError becomes LayerError."""
+    if check_mode:
+        yield
+        return
+    from . import files
+
+    try:
+        held = files.host_lock(root)
+        held.__enter__()
+    except NumaTuneError as exc:
+        raise LayerError(str(exc)) from None
+    try:
+        yield
+    finally:
+        held.__exit__(None, None, None)
+
+
+def run(layer: str, params: dict, host) -> dict:
+    """The module result of ``layer`` (one of LAYERS) for its validated ``params``.
+
+    Warnings go through ``host.warn`` (the result has none); ``diff`` is in the result only when
+    ``host.diff``. Raises LayerError (every NumaTuneError of the core becomes one). The caller
+    holds the host lock (``lock``).
+    """
+    ran: list = []
+    try:
+        return _RUNNERS[layer](params, host, ran)
+    except NumaTuneError as exc:
+        raise LayerError(str(exc), ran if layer in _RAN_ON_FAILURE else None) from None
+
+
+def run_module(module, layer: str, load_pynvml=None) -> None:
+    """Lock + run + exit_json/fail_json for one of the five thin apply modules; never returns."""
+    host = ModuleHost(module, load_pynvml)
+    try:
+        with lock(module.params["root"], host.check_mode):
+            result = run(layer, module.params, host)
+    except LayerError as exc:
+        extra = {} if exc.ran is None else {"ran": exc.ran}
+        module.fail_json(msg=exc.msg, **extra)
+    module.exit_json(**result)
+
+
+def _hugepages(params: dict, host, ran: list) -> dict:
+    from . import hugepages
+
+    plan = hugepages.plan_hugepages(
+        pools=params["pools"],
+        sysfs_root=params["sysfs_root"],
+        procfs_root=params["procfs_root"],
+        root=params["root"],
+        service_manager=params["service_manager"],
+        boot_reserve_sizes_kb=params["boot_reserve_sizes_kb"],
+        bootloader=params["bootloader"],
+        mounts=params["mounts"],
+    )
+    if not host.check_mode:
+        hugepages.apply_hugepages(plan)
+    result = plan.as_result(host.check_mode, host.diff)
+    for warning in result.pop("warnings"):
+        host.warn(warning)
+    return result
+
+
+def _kernel(params: dict, host, ran: list) -> dict:
+    from . import kernel
+
+    def binary(name: str):
+        """Path of ``systemctl`` (required) or ``timeout`` (optional)."""
+        return host.get_bin_path(name, required=name == "systemctl")
+
+    systemd = params["service_manager"] == "systemd"
+    desired = kernel.parse_options(params)
+    state = kernel.read_state(desired, params["sysfs_root"], params["procfs_root"], params["root"])
+    services = {}
+    for unit in kernel.units_to_query(desired, state) if systemd else []:
+        argvs = kernel.query_argvs(binary("systemctl"), binary("timeout"), unit)
+        outs = [host.run_command(argv, environ_update=dict(ENVIRON))[1] for argv in argvs]
+        services[unit] = kernel.parse_service_state(*outs)
+    change = kernel.plan_change(desired, state, services)
+    warnings = list(change.warnings)
+    if not host.check_mode:
+        warnings += kernel.write_runtime(change.runtime)
+        kernel.write_files(params["root"], change.files)
+        for args in change.commands if systemd else ():
+            argv = kernel.command_argv(binary("systemctl"), binary("timeout"), args)
+            rc, dummy, err = host.run_command(argv, environ_update=dict(ENVIRON))
+            line = " ".join(("systemctl",) + tuple(args))
+            if rc != 0:
+                raise LayerError(
+                    f"{line} failed (rc {rc}): {err.strip()}; the kernel settings and "
+                    "files are written: fix the unit by hand and run again",
+                    ran,
+                )
+            ran.append(line)
+    for warning in warnings:
+        host.warn(warning)
+    result = dict(
+        changed=change.changed,
+        settings=[setting.as_dict() for setting in change.settings],
+        files=[file_change.as_dict() for file_change in change.files],
+        would_run=change.would_run(),
+        ran=ran,
+    )
+    if host.diff:
+        result["diff"] = change.as_diff()
+    return result
+
+
+def _no_nvml():
+    return None
+
+
+def _mig(params: dict, host, ran: list) -> dict:
+    from . import mig_nvml
+
+    def runner(argv):
+        return host.run_command(argv, environ_update=dict(ENVIRON))
+
+    load = getattr(host, "load_pynvml", None) or _no_nvml
+    result = mig_nvml.run(dict(params), host.check_mode, runner, host.get_bin_path, load)
+    for item in result["kept"]:
+        host.warn(f"{item['path']}: {item['reason']}")
+    if not host.diff:
+        result.pop("diff")
+    return result
+
+
+def _disable(host, units, systemctl: str, names, ran: list, kept: str) -> None:
+    """``systemctl disable --now`` each unit of ``names`` (appended to ``ran``); LayerError.
+
+    ``kept`` completes the failure message: "drop-in is kept: stop the daemon".
+    """
+    timeout = host.get_bin_path("timeout")
+    for unit in names:
+        argv = units.disable_argv(systemctl, timeout, unit)
+        rc, dummy, err = host.run_command(argv, environ_update=dict(ENVIRON))
+        if rc != 0:
+            raise LayerError(
+                f"systemctl disable --now {unit} failed (rc {rc}): {err.strip()}; "
+                f"its {kept} by hand and run again",
+                ran,
+            )
+        ran.append(f"systemctl disable --now {unit}")
+
+
+def _mps(params: dict, host, ran: list) -> dict:
+    from . import mps, units
+
+    root, systemd = params["root"], params["service_manager"] == "systemd"
+    control = params["nvidia_cuda_mps_control"]
+    settings, live = [], False
+
+    def runner(argv, stdin, environ):
+        return host.run_command(
+            argv, data=stdin, binary_data=True, environ_update=dict(ENVIRON, **environ)
+        )
+
+    daemons, warnings = mps.plan_daemons(params["plan"])
+    unit_dir = units.check_host_path("unit_dir", params["unit_dir"])
+    manifest_path = units.check_host_path("manifest_path", params["manifest_path"])
+    desired = mps.render_files(daemons, params["header"], unit_dir, control, params["nvidia_smi"])
+    manifest = units.read_manifest(root, manifest_path)
+    mps.check_manifest_owner(manifest_path, manifest.files)
+    owned, kept = units.removable(root, manifest, desired, unit_dir, params["header"])
+    current = units.read_files(root, set(desired) | set(owned))
+    changes = units.plan_changes(current, desired, owned)
+    manifest_change = units.plan_manifest(manifest, desired)
+    actions = mps.plan_actions(changes, daemons)
+    systemctl = host.get_bin_path("systemctl", required=True) if systemd else None
+    if systemd:
+        settings, synced, live = mps.sync_settings(
+            runner, systemctl, control, daemons, actions, not host.check_mode
+        )
+        ran.extend(synced)
+    if not host.check_mode:
+        if systemd:
+            _disable(
+                host, units, systemctl, actions.disable, ran, "drop-in is kept: stop the daemon"
+            )
+        units.write_files(root, changes)
+        units.write_manifest(root, manifest_change)
+
+    for warning in warnings + [item.message() for item in kept]:
+        host.warn(warning)
+    every = changes + ([manifest_change] if manifest_change else [])
+    handlers = systemd and not host.check_mode
+    result = dict(
+        changed=live or any(change.state != "unchanged" for change in every),
+        files=[change.as_dict() for change in every],
+        daemons=[daemon.as_dict() for daemon in daemons],
+        units=actions.units,
+        reload_needed=actions.reload_needed,
+        would_run=actions.would_run(),
+        ran=ran,
+        settings=settings,
+        skipped=warnings,
+        kept=[item.as_dict() for item in kept],
+        handler_restart=list(actions.restart) if handlers else [],
+        handler_start=list(actions.start) if handlers else [],
+    )
+    if host.diff:
+        result["diff"] = [change.as_diff() for change in every if change.state != "unchanged"]
+    return result
+
+
+def _units(params: dict, host, ran: list) -> dict:
+    from . import units
+
+    root, systemd = params["root"], params["service_manager"] == "systemd"
+    unit_dir = units.check_host_path("unit_dir", params["unit_dir"])
+    manifest_path = units.check_host_path("manifest_path", params["manifest_path"])
+    desired = units.render_files(params["plan"], params["header"], params["hardening"], unit_dir)
+    plan_path = units.check_host_path("plan_path", params["plan_path"])
+    manifest = units.read_manifest(root, manifest_path)
+    owned, kept = units.removable(root, manifest, desired, unit_dir, params["header"])
+    current = units.read_files(root, set(desired) | set(owned))
+    changes = units.plan_changes(current, desired, owned)
+    manifest_change = units.plan_manifest(manifest, desired)
+    plan_change = units.plan_record_change(root, plan_path, params["plan"])
+    if plan_change.state == "create" and not desired and not manifest.files:
+        plan_change = None  # nothing planned, nothing written before: nothing to record
+    actions = units.plan_actions(changes)
+    if not host.check_mode:
+        if systemd and actions.disable:
+            systemctl = host.get_bin_path("systemctl", required=True)
+            _disable(
+                host, units, systemctl, actions.disable, ran, "unit file is kept: stop the unit"
+            )
+        units.write_files(root, changes)
+        units.write_manifest(root, manifest_change)
+        if plan_change is not None:
+            units.write_files(root, [plan_change])
+
+    for item in kept:
+        host.warn(item.message())
+    every = [change for change in changes + [manifest_change, plan_change] if change is not None]
+    handlers = systemd and not host.check_mode
+    result = dict(
+        changed=any(change.state != "unchanged" for change in every),
+        files=[change.as_dict() for change in every],
+        units=actions.units,
+        slices=actions.slices,
+        reload_needed=actions.reload_needed,
+        would_run=actions.would_run(),
+        ran=ran,
+        kept=[item.as_dict() for item in kept],
+        handler_restart=list(actions.restart) if handlers else [],
+        handler_try_restart=list(actions.try_restart) if handlers else [],
+        handler_start=list(actions.start) if handlers else [],
+    )
+    if host.diff:
+        result["diff"] = [change.as_diff() for change in every if change.state != "unchanged"]
+    return result
+
+
+_RUNNERS = {
+    "hugepages": _hugepages,
+    "kernel": _kernel,
+    "mig": _mig,
+    "mps": _mps,
+    "units": _units,
+}
+
+# The MIG boot unit's file name, as mig.UNIT_NAME.
+MIG_UNIT = "numafleet-mig.service"
+HUGEPAGES_UNIT = "numafleet-hugepages.service"
+_RESTART_LINE = re.compile(r"^systemctl (try-)?restart ")
+
+
+def _changed_mig_unit(result: dict) -> Optional[dict]:
+    """The MIG boot unit's entry in the mig result's files when it changed, else None."""
+    for entry in result.get("files") or ():
+        if entry.get("path", "").endswith("/" + MIG_UNIT) and entry.get("state") != "unchanged":
+            return entry
+    return None
+
+
+def _reload_needed(results: dict) -> bool:
+    """Whether a layer wrote or removed a unit file (systemd must reload once)."""
+    hp, mig = results.get("hugepages") or {}, results.get("mig") or {}
+    mounts = (
+        hp.get("handler_mount_stop")
+        or hp.get("handler_mount_restart")
+        or hp.get("handler_mount_start")
+    )
+    if hp.get("handler_enable") or mounts or _changed_mig_unit(mig):
+        return True
+    return any((results.get(name) or {}).get("reload_needed") for name in ("mps", "units"))
+
+
+def handler_argvs(results: dict, restart: str = "auto", awaited=()) -> list:
+    """The handler pass after the layers, in order: a list of argv lists; no I/O.
+
+    ``results``: layer name -> that layer's result (service_manager systemd, not check mode: the
+    handler_* lists are filled). The order is the roles' handlers': hugepages' mount units
+    disabled; ONE daemon-reload when any layer wrote or removed a unit file; the hugepages unit
+    enabled, mounts restarted and started; the boot loader updated; the MIG boot unit enabled
+    (when written, not removed); MPS daemons enabled and restarted (``restart`` auto) and started; pinned
+    units restarted and try-restarted (``restart`` auto) and started; then ``awaited`` units
+    try-restarted (``restart`` auto).
+    """
+    auto = restart == "auto"
+    hp = results.get("hugepages") or {}
+    mig, mps, units = (results.get(name) or {} for name in ("mig", "mps", "units"))
+    argvs = [["systemctl", "disable", "--now", unit] for unit in hp.get("handler_mount_stop") or ()]
+    if _reload_needed(results):
+        argvs.append(["systemctl", "daemon-reload"])
+    if hp.get("handler_enable"):
+        argvs.append(["systemctl", "enable", HUGEPAGES_UNIT])
+    argvs += [["systemctl", "restart", unit] for unit in hp.get("handler_mount_restart") or ()]
+    argvs += [
+        ["systemctl", "enable", "--now", unit] for unit in hp.get("handler_mount_start") or ()
+    ]
+    if hp.get("reboot_required") and hp.get("bootloader") == "grub_d":
+        argvs.append(["update-grub"])
+    argvs += [list(argv) for argv in hp.get("grubby_argvs") or ()]
+    unit = _changed_mig_unit(mig)
+    if unit is not None and unit.get("state") != "remove":
+        argvs.append(["systemctl", "enable", MIG_UNIT])
+    if auto:
+        for name in mps.get("handler_restart") or ():
+            argvs += [["systemctl", "enable", name], ["systemctl", "restart", name]]
+    argvs += [["systemctl", "enable", "--now", name] for name in mps.get("handler_start") or ()]
+    if auto:
+        argvs += [["systemctl", "restart", name] for name in units.get("handler_restart") or ()]
+        argvs += [["systemctl", "try-restart", n] for n in units.get("handler_try_restart") or ()]
+    argvs += [["systemctl", "enable", "--now", name] for name in units.get("handler_start") or ()]
+    if auto:
+        argvs += [["systemctl", "try-restart", name] for name in awaited]
+    return argvs
+
+
+def merged_would_run(results: dict, restart: str = "auto", awaited=()) -> list:
+    """Every layer's ``would_run`` in layer order with ONE ``systemctl daemon-reload`` (where the
+    first layer had it); restart lines of mps and units dropped when ``restart`` is never (as the
+    pinned_services role's report does); then ``systemctl try-restart UNIT`` for ``awaited``."""
+    lines, reload_seen = [], False
+    for name in LAYERS:
+        for line in (results.get(name) or {}).get("would_run") or ():
+            if line == "systemctl daemon-reload":
+                if reload_seen:
+                    continue
+                reload_seen = True
+            elif restart == "never" and name in ("mps", "units") and _RESTART_LINE.match(line):
+                continue
+            lines.append(line)
+    if restart == "auto":
+        lines += [f"systemctl try-restart {unit}" for unit in awaited]
+    return lines
+
+
+# The plan lists each layer reads (host_apply derives the layer's options from them).
+_PLAN_LISTS = {
+    "hugepages": ("nodes",),
+    "kernel": (),
+    "mig": ("mig_gpus", "placements", "mps_daemons"),
+    "mps": ("mps_daemons",),
+    "units": ("placements",),
+}
+# The options host_apply supplies to each layer: a layer's dict may not set them.
+SUPPLIED = {
+    "hugepages": ("root", "service_manager", "pools"),
+    "kernel": ("root", "service_manager"),
+    "mig": ("root", "service_manager", "gpus", "owned_units"),
+    "mps": ("root", "service_manager", "plan"),
+    "units": ("root", "service_manager", "plan"),
+}
+_PLAN_FIX = (
+    "pass the host's plan as numafleet.tuning.numa_plan publishes it "
+    "(plan: '{{ ansible_facts.numafleet_plan }}'), made by this release of the collection"
+)
+
+
+def check_plan(plan, host: Optional[str] = None, enabled=LAYERS) -> None:
+    """Refuse a plan the ``enabled`` layers cannot use; raises LayerError naming the fix.
+
+    The plan must be a dict of version 1, made for ``host`` (when given), with the lists the
+    layers read: nodes (hugepages), mig_gpus, placements and mps_daemons (mig), mps_daemons (mps),
+    placements (units).
+    """
+    if not isinstance(plan, dict):
+        raise LayerError(f"plan: a {type(plan).__name__} is not a plan; {_PLAN_FIX}")
+    who = f"host {plan.get('host') if host is None else host}: "
+    if plan.get("version") != 1:
+        raise LayerError(f"{who}plan: version {plan.get('version')!r} is not 1; {_PLAN_FIX}")
+    if host is not None and plan.get("host") != host:
+        raise LayerError(
+            f"{who}plan: the plan was made for host {plan.get('host')!r}, not {host}; {_PLAN_FIX}"
+        )
+    for layer in (name for name in LAYERS if name in enabled):
+        for key in _PLAN_LISTS[layer]:
+            if not isinstance(plan.get(key), list):
+                raise LayerError(
+                    f"{who}plan: {key} is not a list (layer {layer} reads it); {_PLAN_FIX}"
+                )
+
+
+def supplied_params(layer: str, plan: dict, root: str, service_manager: str) -> dict:
+    """The options of ``layer`` host_apply derives from the plan, ``root`` and ``service_manager``.
+
+    hugepages: ``pools`` = one {node, size_kb, count} per plan.nodes[].hugepages[]; mig: ``gpus``
+    = plan.mig_gpus, ``owned_units`` = the units of plan.placements and plan.mps_daemons (entries
+    with a unit); mps, units: ``plan``. Shapes are the plan's (check_plan first).
+    """
+    params = {"root": root, "service_manager": service_manager}
+    if layer == "hugepages":
+        params["pools"] = [
+            {"node": node.get("id"), "size_kb": pool.get("size_kb"), "count": pool.get("count")}
+            for node in plan.get("nodes") or []
+            for pool in node.get("hugepages") or []
+        ]
+    elif layer == "mig":
+        params["gpus"] = plan.get("mig_gpus") or []
+        params["owned_units"] = [
+            entry["unit"]
+            for entry in (plan.get("placements") or []) + (plan.get("mps_daemons") or [])
+            if isinstance(entry, dict) and entry.get("unit")
+        ]
+    elif layer in ("mps", "units"):
+        params["plan"] = plan
+    return params
+
+
+def replan(plan: dict, settings: dict, host) -> dict:
+    """The host's plan made again after the MIG layer changed the GPUs; raises LayerError.
+
+    The GPUs are read again as numa_facts (gpu: true) reads them, with ``settings`` sysfs_root,
+    procfs_root and gpu_snapshot; the planner is called as the numa_plan action calls it with
+    ``settings`` numa (read again when empty), placements, tenants, policy, hugepages_extra and
+    mig_gpus, and ``plan`` as the recorded plan, so that placements keep their resources; its
+    awaiting_restart is carried over. ``host`` is the host protocol (its load_pynvml is used).
+    """
+    from . import facts, planner
+
+    def runner(argv):
+        return host.run_command(argv, environ_update=dict(ENVIRON))
+
+    def load_nvml():
+        module = (getattr(host, "load_pynvml", None) or _no_nvml)()
+        return (module, None) if module else (None, "nvidia-ml-py (import pynvml) is not installed")
+
+    name = plan.get("host")
+    gather = {
+        "sysfs_root": settings.get("sysfs_root") or "/sys",
+        "procfs_root": settings.get("procfs_root") or "/proc",
+        "gpu": True,
+        "gpu_snapshot": settings.get("gpu_snapshot"),
+        "nvidia_smi": "auto",
+        "nvidia_smi_timeout": 30,
+    }
+    try:
+        gathered, dummy = facts.gather_facts(
+            gather, host.check_mode, runner, host.get_bin_path, load_nvml
+        )
+        recorded = planner.parse_recorded(
+            name, {"state": "present", "plan": plan}, _UNITS_PLAN_PATH
+        )
+        new = planner.plan_host(
+            name,
+            settings.get("numa") or gathered["numa"],
+            gathered["gpu_topology"],
+            settings.get("placements") or [],
+            settings.get("tenants") or [],
+            settings.get("policy") or {},
+            hugepages_extra=settings.get("hugepages_extra") or [],
+            mig_gpus=settings.get("mig_gpus") or [],
+            recorded=recorded,
+        )
+    except NumaTuneError as exc:
+        raise LayerError(
+            f"host {name}: re-planning after the MIG change failed: {exc}; the MIG layout is "
+            "applied: fix the input and run again"
+        ) from None
+    new["awaiting_restart"] = list(plan.get("awaiting_restart") or [])
+    return new
+
+
+def summary(plan: dict) -> str:
+    """planner.plan_summary of ``plan`` (one line)."""
+    from . import planner
+
+    return planner.plan_summary(plan)

@@ -1,0 +1,435 @@
+#!/usr/bin/python
+# Copyright: numafleet.tuning contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: host_apply
+short_description: Apply a host's NUMA plan, every layer in one module run, then restart what changed
+version_added: 0.3.0
+author: numafleet.tuning contributors (@numafleet)
+description:
+  - Runs the apply layers of this collection on one host in one process, in this order whatever
+    the order of O(layers) - hugepages (M(numafleet.tuning.numa_hugepages)), kernel
+    (M(numafleet.tuning.numa_kernel)), mig (M(numafleet.tuning.nvidia_mig)), mps
+    (M(numafleet.tuning.nvidia_mps)) and units (M(numafleet.tuning.pinned_units)). Each layer is
+    the same code as that module, with the same result.
+  - The plan O(plan) is checked once (version 1, made for O(host) when given, the lists the
+    enabled layers read); each layer's options (O(hugepages), O(kernel), ...) are checked against
+    that module's options before anything runs.
+  - When the mig layer changed the GPUs (new MIG devices exist) and O(replan) is given, the GPUs
+    are read again as M(numafleet.tuning.numa_facts) reads them and the plan is made again with
+    the same planner as M(numafleet.tuning.numa_plan), starting from O(plan) so that placements
+    keep their resources; the mps and units layers then use the new plan (RV(plan)). Without
+    O(replan) they use O(plan) and the module warns.
+  - After the layers, with O(service_manager=systemd) and not in check mode, the module runs the
+    commands the roles' handlers ran (the handler pass), in this order - C(systemctl disable --now)
+    of the hugetlbfs mount units no longer wanted; ONE C(systemctl daemon-reload) when any layer
+    wrote or removed a unit file; C(systemctl enable numafleet-hugepages.service), mount units
+    restarted and started; C(update-grub) or C(grubby) when the boot-time hugepages changed;
+    C(systemctl enable numafleet-mig.service) when that unit was written; MPS daemons enabled and
+    restarted (O(restart=auto)) and new ones started; pinned units restarted, units pinned by a
+    drop-in try-restarted (both O(restart=auto)) and new units started; then O(restart_awaited)
+    try-restarted (O(restart=auto)). Every command runs with C(LC_ALL=C); one that fails fails the
+    module naming it and what ran.
+  - The module never reboots. When the kernel command line changed, RV(reboot_required) is true
+    and RV(kernel_args) says what the next boot gets; the play reboots (M(ansible.builtin.reboot)).
+  - Every failure message starts with C(host NAME:) when O(host) is given.
+  - A layer that fails stops the run; the message names the layer, RV(ran) lists what ran and
+    RV(layers) holds the results of the layers that completed.
+options:
+  plan:
+    description:
+      - The host's plan, the C(numafleet_plan) fact M(numafleet.tuning.numa_plan) sets
+        (C(ansible_facts.numafleet_plan)), used as it is.
+    type: dict
+    required: true
+  host:
+    description:
+      - The inventory name of the host; when given, a plan made for another host is refused.
+    type: str
+  layers:
+    description:
+      - The layers to run. They always run in the order V(hugepages), V(kernel), V(mig), V(mps),
+        V(units), whatever the order here; a layer not listed is not run (and not in RV(layers)).
+    type: list
+    elements: str
+    choices: [hugepages, kernel, mig, mps, units]
+    default: [hugepages, kernel, mig, mps, units]
+  root:
+    description:
+      - Directory that stands for C(/) of the host, given to every layer. Set it to a scratch
+        directory with O(service_manager=none) to render the files without touching the host.
+    type: path
+    default: /
+  service_manager:
+    description:
+      - Given to every layer. V(systemd) runs the handler pass; V(none) runs no command and
+        RV(would_run) lists what systemd would have to do.
+    type: str
+    choices: [systemd, none]
+    default: systemd
+  restart:
+    description:
+      - V(auto) restarts the MPS daemons and pinned units whose files changed, try-restarts the
+        units pinned by a drop-in and those of O(restart_awaited).
+      - V(never) restarts nothing (units are still started and enabled); the restarts are left to
+        a maintenance window, and are not in RV(would_run).
+    type: str
+    choices: [auto, never]
+    default: auto
+  restart_awaited:
+    description:
+      - Units an earlier run left to restart (the plan's C(awaiting_restart)); try-restarted at the
+        end of the handler pass with O(restart=auto), listed in RV(would_run) otherwise.
+    type: list
+    elements: str
+    default: []
+  hugepages:
+    description:
+      - Options of M(numafleet.tuning.numa_hugepages) except O(root), O(service_manager) and
+        C(pools), which is made from the plan (one C({node, size_kb, count}) per
+        C(nodes[].hugepages[]) entry).
+    type: dict
+    default: {}
+  kernel:
+    description:
+      - Options of M(numafleet.tuning.numa_kernel) except O(root) and O(service_manager).
+    type: dict
+    default: {}
+  mig:
+    description:
+      - Options of M(numafleet.tuning.nvidia_mig) except O(root), O(service_manager), C(gpus) (the
+        plan's C(mig_gpus)) and C(owned_units) (the units of the plan's C(placements) and
+        C(mps_daemons)).
+    type: dict
+    default: {}
+  mps:
+    description:
+      - Options of M(numafleet.tuning.nvidia_mps) except O(root), O(service_manager) and C(plan).
+    type: dict
+    default: {}
+  units:
+    description:
+      - Options of M(numafleet.tuning.pinned_units) except O(root), O(service_manager) and C(plan).
+    type: dict
+    default: {}
+  replan:
+    description:
+      - The planner's inputs, to make the plan again when the mig layer created or destroyed MIG
+        devices. Without it the mps and units layers use O(plan) as it is.
+    type: dict
+    suboptions:
+      numa:
+        description: C(ansible_facts.numa); read again from O(replan.sysfs_root) when empty.
+        type: dict
+      placements:
+        description: The host's C(numafleet_placements).
+        type: list
+        elements: dict
+        default: []
+      tenants:
+        description: The host's C(numafleet_tenants).
+        type: list
+        elements: dict
+        default: []
+      policy:
+        description: C(reserved_cpus) and C(memory_headroom_pct), as M(numafleet.tuning.numa_plan) takes them.
+        type: dict
+        default: {}
+      hugepages_extra:
+        description: The host's C(numafleet_hugepages_extra).
+        type: list
+        elements: dict
+        default: []
+      mig_gpus:
+        description: The host's C(numafleet_mig_gpus).
+        type: list
+        elements: raw
+        default: []
+      sysfs_root:
+        description: Where sysfs is mounted, as for M(numafleet.tuning.numa_facts).
+        type: path
+        default: /sys
+      procfs_root:
+        description: Where procfs is mounted, as for M(numafleet.tuning.numa_facts).
+        type: path
+        default: /proc
+      gpu_snapshot:
+        description: A recorded GPU state read instead of NVML, as for M(numafleet.tuning.numa_facts).
+        type: path
+extends_documentation_fragment:
+  - numafleet.tuning.file_safety
+  - numafleet.tuning._attributes
+attributes:
+  check_mode:
+    support: full
+    details: Every layer runs in check mode; nothing is written or run, RV(would_run) lists the commands.
+  diff_mode:
+    support: full
+    details: RV(diff) holds the diffs of every layer, in layer order.
+  idempotent:
+    support: full
+requirements:
+  - What each enabled layer's module requires on the target.
+notes:
+  - The per-host lock is held once, for all the layers (not in check mode).
+  - The mps and units layers remove only the files their manifests list, as
+    M(numafleet.tuning.nvidia_mps) and M(numafleet.tuning.pinned_units) do; files they keep are in
+    their C(kept) results and warnings.
+seealso:
+  - module: numafleet.tuning.numa_plan
+  - module: numafleet.tuning.numa_hugepages
+  - module: numafleet.tuning.numa_kernel
+  - module: numafleet.tuning.nvidia_mig
+  - module: numafleet.tuning.nvidia_mps
+  - module: numafleet.tuning.pinned_units
+"""
+
+EXAMPLES = r"""
+- name: Apply the host's plan, every layer, in one module run
+  numafleet.tuning.host_apply:
+    plan: "{{ ansible_facts.numafleet_plan }}"
+    host: "{{ inventory_hostname }}"
+    restart_awaited: "{{ ansible_facts.numafleet_plan.awaiting_restart | default([]) }}"
+    hugepages:
+      bootloader: grub_d
+    mig:
+      reset_ok: true
+  register: applied
+  notify: Reboot for the boot-time hugepages
+
+- name: Render only the pinned units into a scratch directory
+  numafleet.tuning.host_apply:
+    plan: "{{ ansible_facts.numafleet_plan }}"
+    layers: [units]
+    root: /tmp/render/{{ inventory_hostname }}
+    service_manager: none
+  register: rendered
+
+- name: Show what systemd would have to do
+  ansible.builtin.debug:
+    var: rendered.would_run
+"""
+
+RETURN = r"""
+layers:
+  description:
+    - Layer name -> the result of that layer, as its module returns it (see the RETURN of
+      M(numafleet.tuning.numa_hugepages), M(numafleet.tuning.numa_kernel),
+      M(numafleet.tuning.nvidia_mig), M(numafleet.tuning.nvidia_mps) and
+      M(numafleet.tuning.pinned_units)); a layer that did not run is absent. On failure, the
+      layers that completed.
+  returned: always
+  type: dict
+  sample: {units: {changed: true, files: [], reload_needed: true, would_run: [], ran: []}}
+ran:
+  description: Every command that ran, the layers' own and then the handler pass's, in order.
+  returned: always
+  type: list
+  elements: str
+  sample: [systemctl daemon-reload, systemctl restart numafleet-llm-70b.service]
+would_run:
+  description:
+    - In check mode or with O(service_manager=none), the commands that would run, in order - every
+      layer's, with ONE C(systemctl daemon-reload), restarts left out with O(restart=never), then
+      the try-restarts of O(restart_awaited). Empty otherwise.
+  returned: always
+  type: list
+  elements: str
+  sample: [systemctl daemon-reload, systemctl enable --now numafleet-embed.service]
+reboot_required:
+  description: Whether the kernel command line changed (hugepages layer); the module does not reboot.
+  returned: always
+  type: bool
+  sample: false
+kernel_args:
+  description: The hugepage arguments of the kernel command line (hugepages layer), or V([]).
+  returned: always
+  type: list
+  elements: str
+  sample: [hugepagesz=1G, hugepages=0:16,1:16]
+reset_required:
+  description: Whether a GPU needs a reset for its MIG mode (mig layer), else false.
+  returned: always
+  type: bool
+  sample: false
+mig_devices:
+  description: The MIG devices of the mig layer's result, or V([]).
+  returned: always
+  type: list
+  elements: dict
+  sample: []
+plan:
+  description: The plan made again after the MIG change (see O(replan)).
+  returned: when the plan was made again
+  type: dict
+  sample: {version: 1, host: gpu-a100-01, placements: []}
+summary:
+  description: The one-line summary of RV(plan).
+  returned: when the plan was made again
+  type: str
+  sample: "gpu-a100-01: 2 placements: embed node0 cpus 2-9 gpus 17:00.0; ..."
+diff:
+  description: The diffs of every layer, in layer order.
+  returned: in diff mode
+  type: list
+  elements: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import layers
+
+_LAYER_OPTION = dict(type="dict", default={})
+
+
+def load_pynvml():
+    """The pynvml module of nvidia-ml-py, or None when it is not installed."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    return pynvml
+
+
+def _fail(module, msg: str, **extra) -> None:
+    """fail_json with ``msg`` led by "host NAME: " when the host option is given."""
+    host = module.params["host"]
+    if host and not msg.startswith(f"host {host}: "):
+        msg = f"host {host}: {msg}"
+    module.fail_json(msg=msg, **extra)
+
+
+def _layer_params(module, name: str, plan: dict) -> dict:
+    """The validated options of layer ``name``; fails the module naming the option."""
+    given = dict(module.params[name] or {})
+    supplied = [key for key in layers.SUPPLIED[name] if key in given]
+    if supplied:
+        _fail(
+            module,
+            f"{name}: {', '.join(supplied)} cannot be set here: host_apply sets "
+            f"{', '.join(layers.SUPPLIED[name])} of this layer itself (from its root, "
+            f"service_manager and plan options); remove {', '.join(supplied)} from {name}",
+        )
+    params = dict(given)
+    params.update(
+        layers.supplied_params(name, plan, module.params["root"], module.params["service_manager"])
+    )
+    checked = ArgumentSpecValidator(layers.SPECS[name]).validate(params)
+    if checked.error_messages:
+        _fail(module, f"{name}: {'; '.join(checked.error_messages)}")
+    return checked.validated_parameters
+
+
+def main() -> None:
+    replan_spec = dict(
+        numa=dict(type="dict"),
+        placements=dict(type="list", elements="dict", default=[]),
+        tenants=dict(type="list", elements="dict", default=[]),
+        policy=dict(type="dict", default={}),
+        hugepages_extra=dict(type="list", elements="dict", default=[]),
+        mig_gpus=dict(type="list", elements="raw", default=[]),
+        sysfs_root=dict(type="path", default="/sys"),
+        procfs_root=dict(type="path", default="/proc"),
+        gpu_snapshot=dict(type="path"),
+    )
+    spec = dict(
+        plan=dict(type="dict", required=True),
+        host=dict(type="str"),
+        layers=dict(
+            type="list", elements="str", choices=list(layers.LAYERS), default=list(layers.LAYERS)
+        ),
+        root=dict(type="path", default="/"),
+        service_manager=dict(type="str", choices=["systemd", "none"], default="systemd"),
+        restart=dict(type="str", choices=["auto", "never"], default="auto"),
+        restart_awaited=dict(type="list", elements="str", default=[]),
+        replan=dict(type="dict", options=replan_spec),
+        **{name: dict(_LAYER_OPTION) for name in layers.LAYERS},
+    )
+    module = AnsibleModule(argument_spec=spec, supports_check_mode=True)
+    params = module.params
+    enabled = [name for name in layers.LAYERS if name in params["layers"]]
+    plan, replanned = params["plan"], None
+    try:
+        layers.check_plan(plan, params["host"], enabled)
+    except layers.LayerError as exc:
+        _fail(module, exc.msg)
+    options = {name: _layer_params(module, name, plan) for name in enabled}
+
+    host = layers.ModuleHost(module, load_pynvml)
+    results, ran, current = {}, [], None
+    try:
+        with layers.lock(params["root"], host.check_mode):
+            for current in enabled:
+                if current in ("mps", "units") and replanned is not None:
+                    options[current]["plan"] = replanned
+                results[current] = layers.run(current, options[current], host)
+                ran += results[current].get("ran") or []
+                if current == "mig" and results["mig"].get("gpu_changed"):
+                    if not {"mps", "units"} & set(enabled):
+                        continue
+                    if params["replan"] is None:
+                        module.warn(
+                            "the MIG layout changed and replan is not given: the mps and units "
+                            "layers use the plan as given, whose MIG device UUIDs may be stale; "
+                            "run again (numa_facts and numa_plan read the new devices)"
+                        )
+                    else:
+                        replanned = layers.replan(plan, params["replan"], host)
+            current = None
+            ran += _handler_pass(module, results)
+    except layers.LayerError as exc:
+        where = f"layer {current}: " if current else ""
+        ran += exc.ran or []
+        _fail(module, f"{where}{exc.msg}", ran=ran, layers=results)
+
+    render = host.check_mode or params["service_manager"] == "none"
+    hugepages, mig = results.get("hugepages") or {}, results.get("mig") or {}
+    result = dict(
+        changed=any(result.get("changed") for result in results.values()) or bool(ran),
+        layers=results,
+        ran=ran,
+        would_run=layers.merged_would_run(results, params["restart"], params["restart_awaited"])
+        if render
+        else [],
+        reboot_required=bool(hugepages.get("reboot_required")),
+        kernel_args=list(hugepages.get("kernel_args") or []),
+        reset_required=bool(mig.get("reset_required")),
+        mig_devices=list(mig.get("mig_devices") or []),
+    )
+    if replanned is not None:
+        result.update(plan=replanned, summary=layers.summary(replanned))
+    if module._diff:
+        diff = []
+        for name in enabled:
+            entry = results[name].get("diff") or []
+            diff += entry if isinstance(entry, list) else [entry]
+        result["diff"] = diff
+    module.exit_json(**result)
+
+
+def _handler_pass(module, results: dict) -> list:
+    """Run the handler pass (layers.handler_argvs) with systemd, not in check mode; the lines run."""
+    params = module.params
+    if module.check_mode or params["service_manager"] != "systemd":
+        return []
+    done = []
+    for argv in layers.handler_argvs(results, params["restart"], params["restart_awaited"]):
+        line = " ".join(argv)
+        path = module.get_bin_path(argv[0], required=False) or argv[0]
+        rc, dummy, err = module.run_command([path] + argv[1:], environ_update=dict(layers.ENVIRON))
+        if rc != 0:
+            raise layers.LayerError(
+                f"handler pass: {line} failed (rc {rc}): {err.strip()}; the layers' files are "
+                "written: fix it and run again (or run the rest by hand)",
+                done,
+            )
+        done.append(line)
+    return done
+
+
+if __name__ == "__main__":
+    main()

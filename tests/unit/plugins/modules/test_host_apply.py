@@ -1,0 +1,455 @@
+"""host_apply through main(): the five layers in one run on the demo GPU host, the handler pass."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from ansible.module_utils import _internal as ansible_internal
+from ansible.module_utils.common import warnings as ansible_warnings
+
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import facts, planner
+
+REPO = Path(__file__).resolve().parents[4]
+MACHINE = "synthetic-2x6338-4xa100"  # the demo host gpu-a100-01
+HOST_VARS = REPO / "inventories" / "demo" / "host_vars" / "gpu-a100-01.yml"
+MODULES = {
+    "hugepages": "numa_hugepages",
+    "kernel": "numa_kernel",
+    "mig": "nvidia_mig",
+    "mps": "nvidia_mps",
+    "units": "pinned_units",
+}
+FAKE_SYSTEMCTL = """#!/bin/sh
+echo "$@" >> "{log}"
+if [ -n "$FAKE_SYSTEMCTL_FAIL" ] && [ "$1" = "$FAKE_SYSTEMCTL_FAIL" ]; then
+  echo "Failed to $1" >&2; exit 1
+fi
+"""
+
+
+def _snapshot(fsroot: str) -> str:
+    import trees
+
+    path = Path(fsroot) / "gpu-snapshot.json"
+    if not path.exists():
+        shutil.copyfile(trees.GPU_SNAPSHOT_DIR / f"{MACHINE}.json", path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def demo_plan(fixture_root):
+    """The plan of the demo host gpu-a100-01 (its host_vars, its recorded topology), made fresh."""
+    fsroot = fixture_root(MACHINE)
+    host_vars = yaml.safe_load(HOST_VARS.read_text())
+    gathered, dummy = facts.gather_facts(
+        {
+            "sysfs_root": f"{fsroot}/sys",
+            "procfs_root": f"{fsroot}/proc",
+            "gpu": True,
+            "gpu_snapshot": _snapshot(fixture_root(MACHINE, writable=True)),
+            "nvidia_smi": "never",
+            "nvidia_smi_timeout": 30,
+        },
+        True,
+        None,
+        lambda name: None,
+        lambda: (None, "not used"),
+    )
+    plan = planner.plan_host(
+        "gpu-a100-01",
+        gathered["numa"],
+        gathered["gpu_topology"],
+        host_vars["numafleet_placements"],
+        host_vars["numafleet_tenants"],
+        {
+            "reserved_cpus": host_vars["numafleet_reserved_cpus"],
+            "memory_headroom_pct": host_vars["numafleet_memory_headroom_pct"],
+        },
+        hugepages_extra=host_vars.get("numafleet_hugepages_extra") or [],
+        mig_gpus=host_vars["numafleet_mig_gpus"],
+    )
+    plan["awaiting_restart"] = []
+    return plan
+
+
+@pytest.fixture
+def demo(fixture_root, tmp_path):
+    """A writable copy of the demo host's tree: {fsroot, root (render root, absent)}."""
+    fsroot = fixture_root(MACHINE, writable=True)
+    _snapshot(fsroot)
+    return {"fsroot": fsroot, "root": str(Path(fsroot) / "root")}
+
+
+def layer_options(demo) -> dict:
+    """The layers' own options (what host_apply does not derive) for render mode on ``demo``."""
+    fsroot = demo["fsroot"]
+    roots = {"sysfs_root": f"{fsroot}/sys", "procfs_root": f"{fsroot}/proc"}
+    return {
+        "hugepages": dict(roots, bootloader="none"),
+        "kernel": dict(roots, numa_balancing=0, zone_reclaim_mode=0),
+        "mig": dict(roots, snapshot=f"{fsroot}/gpu-snapshot.json"),
+        "mps": {},
+        "units": {"hardening": True},
+    }
+
+
+def apply_args(demo, plan, **extra) -> dict:
+    args = dict(
+        plan=plan,
+        host="gpu-a100-01",
+        root=demo["root"],
+        service_manager="none",
+        **layer_options(demo),
+    )
+    args.update(extra)
+    return args
+
+
+def old_module_args(layer, demo, plan) -> dict:
+    """What the roles passed to the old module of ``layer``."""
+    args = dict(layer_options(demo)[layer], root=demo["root"], service_manager="none")
+    if layer == "hugepages":
+        args["pools"] = [
+            {"node": node["id"], "size_kb": pool["size_kb"], "count": pool["count"]}
+            for node in plan["nodes"]
+            for pool in node.get("hugepages") or []
+        ]
+    elif layer == "mig":
+        args["gpus"] = plan["mig_gpus"]
+        args["owned_units"] = [p["unit"] for p in plan["placements"]] + [
+            d["unit"] for d in plan["mps_daemons"] if d.get("unit")
+        ]
+    elif layer in ("mps", "units"):
+        args["plan"] = plan
+    return args
+
+
+def tree(root) -> dict:
+    """relative path -> bytes of every file below root, the lock file left out."""
+    out = {}
+    for top, dummy, names in os.walk(root):
+        for name in names:
+            path = Path(top) / name
+            rel = str(path.relative_to(root))
+            if rel != "run/numafleet/apply.lock" and not path.is_symlink():
+                out[rel] = path.read_bytes()
+    return out
+
+
+def test_render_run_equals_the_five_modules_one_after_another(
+    run_module, fixture_root, demo_plan, demo
+):
+    applied = run_module("host_apply", apply_args(demo, demo_plan), diff=True)
+    assert not applied["failed"], applied["msg"]
+    other = {"fsroot": fixture_root(MACHINE, writable=True)}
+    _snapshot(other["fsroot"])
+    other["root"] = str(Path(other["fsroot"]) / "root")
+    expected, diff = {}, []
+    for layer, module in MODULES.items():
+        result = run_module(module, old_module_args(layer, other, demo_plan), diff=True)
+        assert not result["failed"], result["msg"]
+        for key in ("failed", "warnings", "invocation", "deprecations"):
+            result.pop(key, None)
+        entry = result.get("diff") or []
+        diff += entry if isinstance(entry, list) else [entry]
+        expected[layer] = result
+    text = json.dumps(applied["layers"], sort_keys=True).replace(demo["fsroot"], "FSROOT")
+    assert json.loads(text) == json.loads(
+        json.dumps(expected, sort_keys=True).replace(other["fsroot"], "FSROOT")
+    )
+    assert applied["changed"] is True
+    assert tree(demo["root"]) == tree(other["root"])
+    assert len(applied["diff"]) == len(diff)
+    # Render mode: nothing ran, would_run reloads once.
+    assert applied["ran"] == []
+    assert applied["would_run"].count("systemctl daemon-reload") == 1
+    assert "systemctl enable --now numafleet-llm-70b.service" in applied["would_run"]
+    assert applied["reboot_required"] is False and applied["reset_required"] is False
+
+
+def test_check_mode_writes_nothing_and_a_second_run_changes_nothing(run_module, demo_plan, demo):
+    before = tree(demo["fsroot"])
+    checked = run_module("host_apply", apply_args(demo, demo_plan), check_mode=True)
+    assert not checked["failed"], checked["msg"]
+    assert checked["changed"] is True
+    assert tree(demo["fsroot"]) == before
+    first = run_module("host_apply", apply_args(demo, demo_plan))
+    assert first["changed"] is True
+    assert first["would_run"] == checked["would_run"]
+    second = run_module("host_apply", apply_args(demo, demo_plan))
+    assert not second["failed"], second["msg"]
+    assert second["changed"] is False
+    assert all(not result["changed"] for result in second["layers"].values())
+    # A snapshot never changes: render mode predicts the same MIG commands again, nothing else.
+    assert second["would_run"] == second["layers"]["mig"]["would_run"]
+    assert not [line for line in second["would_run"] if line.startswith("systemctl")]
+
+
+def test_layers_run_in_order_and_only_those_listed(run_module, demo_plan, demo):
+    result = run_module("host_apply", apply_args(demo, demo_plan, layers=["units", "hugepages"]))
+    assert list(result["layers"]) == ["hugepages", "units"]
+
+
+@pytest.fixture
+def systemctl(tmp_path, monkeypatch):
+    """A fake systemctl first in PATH; returns the log of its calls."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "systemctl.log"
+    fake = bin_dir / "systemctl"
+    fake.write_text(FAKE_SYSTEMCTL.format(log=log))
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}")
+    monkeypatch.delenv("FAKE_SYSTEMCTL_FAIL", raising=False)
+    return log
+
+
+def calls(log) -> list:
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def systemd_args(demo, plan, **extra) -> dict:
+    return apply_args(demo, plan, service_manager="systemd", layers=["hugepages", "units"], **extra)
+
+
+def test_handler_pass_reloads_once_then_starts_and_restarts_in_order(
+    run_module, demo_plan, demo, systemctl
+):
+    first = run_module(
+        "host_apply", systemd_args(demo, demo_plan, restart_awaited=["late.service"])
+    )
+    assert not first["failed"], first["msg"]
+    lines = calls(systemctl)
+    assert lines.count("daemon-reload") == 1
+    assert lines[0] == "daemon-reload"
+    starts = [f"enable --now {unit}" for unit in first["layers"]["units"]["handler_start"]]
+    assert starts and lines[1:] == ["enable numafleet-hugepages.service"] + starts + [
+        "try-restart late.service"
+    ]
+    assert first["ran"] == [f"systemctl {line}" for line in lines]
+    assert first["would_run"] == []
+
+    # A changed unit file: restarted after the one reload, before the awaited try-restart.
+    systemctl.unlink()
+    unit = Path(demo["root"]) / "etc/systemd/system/numafleet-embed.service"
+    unit.write_text(unit.read_text() + "# edited\n")
+    again = run_module(
+        "host_apply", systemd_args(demo, demo_plan, restart_awaited=["late.service"])
+    )
+    assert calls(systemctl) == [
+        "daemon-reload",
+        "restart numafleet-embed.service",
+        "try-restart late.service",
+    ]
+    assert again["changed"] is True
+
+
+def test_restart_never_drops_the_restarts(run_module, demo_plan, demo, systemctl):
+    run_module("host_apply", systemd_args(demo, demo_plan))
+    systemctl.unlink()
+    unit = Path(demo["root"]) / "etc/systemd/system/numafleet-embed.service"
+    unit.write_text(unit.read_text() + "# edited\n")
+    result = run_module(
+        "host_apply",
+        systemd_args(demo, demo_plan, restart="never", restart_awaited=["late.service"]),
+    )
+    assert not result["failed"], result["msg"]
+    assert calls(systemctl) == ["daemon-reload"]
+    checked = run_module(
+        "host_apply",
+        apply_args(demo, demo_plan, restart="never", restart_awaited=["late.service"]),
+        check_mode=True,
+    )
+    assert not [line for line in checked["would_run"] if "restart" in line]
+
+
+def test_a_failing_handler_command_fails_naming_it(
+    run_module, demo_plan, demo, systemctl, monkeypatch
+):
+    monkeypatch.setenv("FAKE_SYSTEMCTL_FAIL", "enable")
+    result = run_module("host_apply", systemd_args(demo, demo_plan))
+    assert result["failed"]
+    assert "systemctl enable numafleet-hugepages.service failed" in result["msg"]
+    assert result["ran"] == ["systemctl daemon-reload"]
+
+
+def test_a_failing_layer_names_the_layer_and_keeps_the_results_before(run_module, demo_plan, demo):
+    args = apply_args(demo, demo_plan)
+    args["units"] = {"unit_dir": "relative/dir"}
+    result = run_module("host_apply", args)
+    assert result["failed"]
+    assert result["msg"].startswith("host gpu-a100-01: layer units: ")
+    assert "unit_dir" in result["msg"]
+    assert list(result["layers"]) == ["hugepages", "kernel", "mig", "mps"]
+
+
+@pytest.mark.parametrize(
+    ("layer", "options", "fragment"),
+    [
+        ("kernel", {"numa_balance": 1}, "kernel: "),
+        ("mig", {"reset_ok": "maybe"}, "mig: "),
+        ("hugepages", {"pools": []}, "hugepages: pools cannot be set here"),
+        ("units", {"root": "/"}, "units: root cannot be set here"),
+    ],
+)
+def test_a_bad_layer_option_names_the_layer(run_module, demo_plan, demo, layer, options, fragment):
+    args = apply_args(demo, demo_plan)
+    args[layer] = options
+    result = run_module("host_apply", args)
+    assert result["failed"]
+    assert result["msg"].startswith(f"host gpu-a100-01: {fragment}"), result["msg"]
+    assert not Path(demo["root"]).exists()  # refused before anything ran
+
+
+@pytest.mark.parametrize(
+    ("mutate", "fragment"),
+    [
+        (lambda plan: plan.update(version=2), "plan: version 2 is not 1"),
+        (lambda plan: plan.update(host="other"), "made for host 'other', not gpu-a100-01"),
+        (lambda plan: plan.pop("placements"), "plan: placements is not a list"),
+    ],
+)
+def test_a_bad_plan_is_refused_naming_the_fix(run_module, demo_plan, demo, mutate, fragment):
+    plan = json.loads(json.dumps(demo_plan))
+    mutate(plan)
+    result = run_module("host_apply", apply_args(demo, plan))
+    assert result["failed"]
+    assert fragment in result["msg"]
+    assert "ansible_facts.numafleet_plan" in result["msg"]
+
+
+def test_only_units_imports_no_mig_nvml_or_hugepages_code(demo_plan, demo, tmp_path):
+    args = apply_args(demo, demo_plan, layers=["units"])
+    (tmp_path / "args.json").write_text(json.dumps(args))
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "import json, sys\n"
+        "from ansible.module_utils.testing import patch_module_args\n"
+        f"args = json.load(open({str(tmp_path / 'args.json')!r}))\n"
+        "from ansible_collections.numafleet.tuning.plugins.modules import host_apply\n"
+        "try:\n"
+        "    with patch_module_args(args):\n"
+        "        host_apply.main()\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "core = 'ansible_collections.numafleet.tuning.plugins.module_utils.numa.'\n"
+        "loaded = sorted(n[len(core):] for n in sys.modules if n.startswith(core))\n"
+        "sys.stderr.write('LOADED ' + json.dumps(loaded))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, check=False
+    )
+    assert "LOADED " in done.stderr, done.stderr
+    loaded = json.loads(done.stderr.rsplit("LOADED ", 1)[1])
+    assert '"changed": true' in done.stdout
+    assert "units" in loaded
+    for name in ("mig", "mig_nvml", "mig_smi", "gpu", "gpu_nvml", "hugepages", "kernel", "mps"):
+        assert name not in loaded
+
+
+class _Host:
+    """The layers host protocol without a module: nothing to run, no NVML."""
+
+    check_mode, diff = True, False
+
+    def run_command(self, argv, **kw):
+        raise AssertionError(f"nothing should run: {argv}")
+
+    def get_bin_path(self, name, required=False):
+        return None
+
+    def warn(self, text):
+        raise AssertionError(text)
+
+
+def test_replan_reads_the_gpus_again_and_keeps_the_placements(demo_plan, demo):
+    from ansible_collections.numafleet.tuning.plugins.module_utils.numa import layers
+
+    host_vars = yaml.safe_load(HOST_VARS.read_text())
+    plan = json.loads(json.dumps(demo_plan))
+    plan["awaiting_restart"] = ["numafleet-embed.service"]
+    settings = {
+        "sysfs_root": f"{demo['fsroot']}/sys",
+        "procfs_root": f"{demo['fsroot']}/proc",
+        "gpu_snapshot": f"{demo['fsroot']}/gpu-snapshot.json",
+        "placements": host_vars["numafleet_placements"],
+        "tenants": host_vars["numafleet_tenants"],
+        "policy": {
+            "reserved_cpus": host_vars["numafleet_reserved_cpus"],
+            "memory_headroom_pct": host_vars["numafleet_memory_headroom_pct"],
+        },
+        "mig_gpus": host_vars["numafleet_mig_gpus"],
+    }
+    new = layers.replan(plan, settings, _Host())
+    assert set(new["stability"].values()) == {"kept"}
+    assert new["placements"] == demo_plan["placements"]
+    assert new["awaiting_restart"] == ["numafleet-embed.service"]
+    assert layers.summary(new).startswith("gpu-a100-01: 6 placements")
+
+
+def test_replan_failure_names_the_host_and_the_fix(demo_plan, demo):
+    from ansible_collections.numafleet.tuning.plugins.module_utils.numa import layers
+
+    settings = {"gpu_snapshot": f"{demo['fsroot']}/missing.json", "sysfs_root": "/nonexistent"}
+    with pytest.raises(layers.LayerError) as failed:
+        layers.replan(demo_plan, settings, _Host())
+    assert failed.value.msg.startswith("host gpu-a100-01: re-planning after the MIG change failed")
+
+
+def _mig_changed(params, host, ran):
+    """A mig layer that created MIG devices (as on a host with NVML)."""
+    return {"changed": True, "gpu_changed": True, "files": [], "would_run": [], "ran": [],
+            "mig_devices": [{"device_uuid": "MIG-new"}], "reset_required": False}  # fmt: skip
+
+
+def test_a_mig_change_replans_and_mps_units_use_the_new_plan(
+    run_module, demo_plan, demo, monkeypatch
+):
+    from ansible_collections.numafleet.tuning.plugins.module_utils.numa import layers
+
+    new_plan = json.loads(json.dumps(demo_plan))
+    new_plan["placements"] = [p for p in new_plan["placements"] if p["name"] == "llm-70b"]
+    new_plan["mps_daemons"] = []
+    seen = {}
+
+    def replan(plan, settings, host):
+        seen["args"] = (plan["host"], settings["gpu_snapshot"])
+        return new_plan
+
+    monkeypatch.setitem(layers._RUNNERS, "mig", _mig_changed)
+    monkeypatch.setattr(layers, "replan", replan)
+    args = apply_args(demo, demo_plan, replan={"gpu_snapshot": "/x.json"})
+    result = run_module("host_apply", args)
+    assert not result["failed"], result["msg"]
+    assert seen["args"] == ("gpu-a100-01", "/x.json")
+    assert result["plan"] == new_plan
+    assert result["summary"].startswith("gpu-a100-01: 1 placement")
+    assert result["mig_devices"] == [{"device_uuid": "MIG-new"}]
+    assert result["layers"]["units"]["units"]["new"] == ["numafleet-llm-70b.service"]
+    assert result["layers"]["mps"]["daemons"] == []
+
+
+def test_a_mig_change_without_replan_warns_and_keeps_the_plan(
+    run_module, demo_plan, demo, monkeypatch
+):
+    from ansible_collections.numafleet.tuning.plugins.module_utils.numa import layers
+
+    monkeypatch.setitem(layers._RUNNERS, "mig", _mig_changed)
+    # module.warn() lands in the result as on a host, not on the display of controller code
+    # that earlier tests of this process imported.
+    monkeypatch.setattr(ansible_internal, "is_controller", False)
+    ansible_warnings._global_warnings.clear()
+    result = run_module("host_apply", apply_args(demo, demo_plan))
+    ansible_warnings._global_warnings.clear()
+    assert not result["failed"], result["msg"]
+    assert "plan" not in result
+    assert "replan is not given" in json.dumps(result["warnings"])
+    assert len(result["layers"]["units"]["units"]["new"]) == len(demo_plan["placements"])
