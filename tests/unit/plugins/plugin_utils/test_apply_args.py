@@ -514,3 +514,62 @@ def test_site_inputs_equal_roles_yml_on_the_demo_fleet():
         ), host
         ours = site_inputs(values["host_vars"])
         assert {k: ours[k] for k in values["inputs"]} == values["inputs"], host
+
+
+# Extra vars (they outrank every other variable) that make every role's checks fail somewhere.
+BAD_EXTRA_VARS = {
+    "numafleet_render_root": "render",
+    "numafleet_mig_parted_config": "mig.yaml",
+    "numafleet_irqbalance_banned": "0 - 1",
+    "numafleet_require_gpu": True,
+    "numafleet_hugepages_boot_reserve": ["1G", "3M"],
+    "numafleet_hugepages_mounts": [{"path": "/x", "size": "5G"}],
+}
+
+
+@pytest.mark.parametrize("extra_vars", [{}, BAD_EXTRA_VARS], ids=["demo", "bad"])
+def test_build_equals_the_roles_jinja_on_the_demo_fleet(extra_vars):
+    """build() against the five roles' vars/main.yml rendered by ansible-playbook (about 6 s)."""
+    if not (REPO / ".demo").is_dir():
+        pytest.skip(".demo/ is not there (make demo, or tests/unit/fixtures/trees.py --demo .demo)")
+    env = dict(os.environ, ANSIBLE_CALLBACK_RESULT_FORMAT="json", ANSIBLE_NOCOLOR="1")
+    run = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "ansible-playbook"),
+            "-i",
+            "inventories/demo",
+            "tests/unit/render_role_args.yml",
+            "-e",
+            json.dumps(extra_vars),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr
+    found = re.findall(r"^ok: \[([^\]]+)\] => (\{.*?^\})", run.stdout, re.M | re.S)
+    rendered = {host: json.loads(json.loads(body)["msg"]) for host, body in found}
+    demo = {p.stem for p in (REPO / "inventories/demo/host_vars").glob("*.yml")}
+    assert demo <= set(rendered)
+    for host, jinja in rendered.items():
+        facts = jinja["facts"]
+        host_vars = {**jinja["host_vars"], **extra_vars}
+        args = build(host, site_inputs(host_vars), facts.get("numafleet_plan"), facts)
+        module = args.module_args
+        assert args.problems == jinja["errors"], host
+        assert bool(extra_vars) == bool(args.problems), host
+        assert ("mig" in module["layers"], "mps" in module["layers"]) == (
+            jinja["mig_run"],
+            jinja["mps_run"],
+        ), host
+        assert (module["root"], module["service_manager"]) == (
+            jinja["root"],
+            jinja["service_manager"],
+        ), host
+        assert module["hugepages"] == jinja["hugepages"], host
+        assert {k: v for k, v in module["kernel"].items() if not k.endswith("fs_root")} == jinja[
+            "kernel"
+        ], host
