@@ -461,13 +461,14 @@ def _mig(host, inp, plan, facts, out):
             "a MIG mode; gather the GPU facts where NVML or nvidia-smi works."
         )
     args = {
-        "reset_ok": _bool(inp["nvidia_mig_reset_ok"]),
+        # As the role passed it: the module's argument spec converts or refuses it.
+        "reset_ok": inp["nvidia_mig_reset_ok"],
         "backend": inp["nvidia_mig_backend"],
         "mig_parted_config": parted,
         "sysfs_root": inp["nvidia_mig_sysfs_root"],
         "procfs_root": inp["nvidia_mig_procfs_root"],
     }
-    if inp["nvidia_mig_snapshot"] is not None:
+    if _bool_jinja(inp["nvidia_mig_snapshot"]):  # default(omit, true): left out when empty
         args["snapshot"] = inp["nvidia_mig_snapshot"]
     out["mig"] = args
     if errors:

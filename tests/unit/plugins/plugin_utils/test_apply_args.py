@@ -160,12 +160,6 @@ def test_render_mode_and_runs():
     )
     args = build(H, inputs, _plan(gpus=[gpu]), facts)
     assert args.problems == []
-    assert args.module_args["layers"] == list(ALL_LAYERS) or args.module_args["layers"] == [
-        "hugepages",
-        "kernel",
-        "mig",
-        "units",
-    ]
     assert args.module_args["layers"] == ["hugepages", "kernel", "mig", "units"]  # no manifest
     assert (args.module_args["root"], args.module_args["service_manager"]) == (root, "none")
     facts["numafleet_state_paths"] = [root + "/etc/numafleet/mps-units.json"]
@@ -175,6 +169,9 @@ def test_render_mode_and_runs():
         "mps",
         "units",
     ]
+    with_snapshot = build(H, inputs | {"nvidia_mig_snapshot": "/s.json"}, _plan(gpus=[gpu]), facts)
+    assert with_snapshot.module_args["mig"]["snapshot"] == "/s.json"
+    assert "snapshot" not in build(H, inputs, _plan(gpus=[gpu]), facts).module_args["mig"]
     del facts["numafleet_state_paths"]  # not known: both run
     assert build(H, inputs, _plan(gpus=[gpu]), facts).module_args["layers"] == list(ALL_LAYERS)
 
