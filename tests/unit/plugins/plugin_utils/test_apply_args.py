@@ -1,0 +1,572 @@
+"""The apply roles' inputs in Python (plugin_utils/_apply_args.py): values and messages.
+
+The messages are those of the roles' input checks (their vars/main.yml) word for word; the role
+inputs of site.yml are those playbooks/vars/roles.yml computes, compared on the demo fleet by
+rendering that file with ansible-playbook.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ansible_collections.numafleet.tuning.plugins.plugin_utils import _apply_args
+from ansible_collections.numafleet.tuning.plugins.plugin_utils._apply_args import (
+    ALL_LAYERS,
+    ROLE_DEFAULTS,
+    build,
+    measure_problems,
+    site_inputs,
+)
+
+REPO = Path(__file__).resolve().parents[4]
+APPLY_ROLES = ("hugepages", "numa_kernel", "nvidia_mig", "nvidia_mps", "pinned_services")
+H = "h1"
+
+
+def _plan(**extra):
+    plan = {
+        "version": 1,
+        "host": H,
+        "placements": [],
+        "nodes": [{"id": 0, "cpus_usable": [2, 3], "hugepages": []}],
+        "reserved_cpus": [0, 1],
+        "gpus": [],
+        "mig_gpus": [],
+        "mps_daemons": [],
+        "tenants": [],
+    }
+    plan.update(extra)
+    return plan
+
+
+FACTS = {
+    "os_family": "Debian",
+    "numa": {
+        "sysfs_root": "/rec/sys",
+        "procfs_root": "/rec/proc",
+        "kernel": {"thp_enabled": "always", "thp_defrag": "madvise"},
+        "cpus": {"isolated": [4, 5], "nohz_full": [6]},
+        "pci_devices": [
+            {"kind": "gpu", "node": 0, "address": "0000:17:00.0"},
+            {"kind": "nic", "node": None, "address": "0000:18:00.0"},
+        ],
+        "nodes": [{"id": 0, "hugepages": [{"size_kb": 2048}, {"size_kb": 1048576}]}],
+    },
+    "gpu_topology": {"gpus": []},
+    "numafleet_state_paths": [],
+}
+
+
+def test_defaults_equal_the_roles_defaults():
+    loaded = {}
+    for role in APPLY_ROLES:
+        loaded.update(yaml.safe_load((REPO / "roles" / role / "defaults/main.yml").read_text()))
+    assert ROLE_DEFAULTS == loaded
+
+
+def test_good_inputs_give_the_module_args():
+    args = build(H, {}, _plan(), FACTS)
+    assert args.problems == []
+    assert args.reboot_ok is False
+    module = args.module_args
+    assert module["layers"] == ["hugepages", "kernel", "units"]  # no GPU: mig and mps skip
+    assert (module["root"], module["service_manager"], module["restart"]) == (
+        "/",
+        "systemd",
+        "auto",
+    )
+    assert module["hugepages"] == {
+        "sysfs_root": "/sys",
+        "procfs_root": "/proc",
+        "boot_reserve_sizes_kb": [],
+        "bootloader": "grub_d",
+        "mounts": [],
+    }
+    assert module["kernel"] == {
+        "numa_balancing": None,  # auto and no placements
+        "zone_reclaim_mode": 0,
+        "thp_enabled": "madvise",
+        "thp_defrag": "madvise",
+        "numad": "masked",
+        "irqbalance_banned_cpus": "4-6",
+        "irq_affinity": [],
+        "sysfs_root": "/rec/sys",
+        "procfs_root": "/rec/proc",
+    }
+    assert module["mig"] == {
+        "reset_ok": False,
+        "backend": "auto",
+        "mig_parted_config": "/etc/numafleet/mig-parted.yaml",
+        "sysfs_root": "/sys",
+        "procfs_root": "/proc",
+    }
+    assert module["mps"]["nvidia_smi"] == "/usr/bin/nvidia-smi"
+    assert module["units"] == {
+        "unit_dir": "/etc/systemd/system",
+        "manifest_path": "/etc/numafleet/manifest.json",
+        "hardening": True,
+    }
+
+
+def test_reshaped_values():
+    inputs = {
+        "hugepages_boot_reserve": ["1G", 2048],
+        "hugepages_mounts": [{"path": "/dev/hp1G", "size": "1G", "mode": 1770}],
+        "hugepages_reboot_ok": "yes",
+        "numa_kernel_irq_affinity": True,
+        "numa_kernel_numa_balancing": "1",
+        "numa_kernel_zone_reclaim_mode": "leave",
+        "numa_kernel_thp_defrag": "leave",
+        "numa_kernel_irqbalance_banned": "leave",
+    }
+    facts = dict(FACTS, os_family="Suse")
+    args = build(H, inputs, _plan(placements=[]), facts, ("hugepages", "kernel"))
+    assert args.problems == [] and args.reboot_ok is True
+    hp, kernel = args.module_args["hugepages"], args.module_args["kernel"]
+    assert hp["boot_reserve_sizes_kb"] == [1048576, 2048] and hp["bootloader"] == "auto"
+    assert hp["mounts"] == [{"path": "/dev/hp1G", "size_kb": 1048576, "mode": "1770"}]
+    assert kernel["numa_balancing"] == 1 and kernel["zone_reclaim_mode"] is None
+    assert kernel["thp_defrag"] is None and kernel["irqbalance_banned_cpus"] is None
+    assert kernel["irq_affinity"] == [{"address": "0000:17:00.0", "cpus": "2,3"}]
+    assert set(args.module_args) == {
+        "plan",
+        "layers",
+        "root",
+        "service_manager",
+        "restart",
+        "hugepages",
+        "kernel",
+    }
+
+
+def test_render_mode_and_runs():
+    root = "/srv/r/h1"
+    inputs = {f"{p}_render_root": root for p in APPLY_ROLES} | {"hugepages_sysfs_root": "/rec/sys"}
+    gpu = {"vendor": "nvidia", "mig": {"mode_current": "disabled", "mode": "disabled"}}
+    facts = dict(
+        FACTS,
+        gpu_topology={"gpus": [gpu]},
+        numafleet_state_paths=[root + "/etc/numafleet/mig.json"],
+    )
+    args = build(H, inputs, _plan(gpus=[gpu]), facts)
+    assert args.problems == []
+    assert args.module_args["layers"] == ["hugepages", "kernel", "mig", "units"]  # no manifest
+    assert (args.module_args["root"], args.module_args["service_manager"]) == (root, "none")
+    facts["numafleet_state_paths"] = [root + "/etc/numafleet/mps-units.json"]
+    assert build(H, inputs, _plan(gpus=[gpu]), facts).module_args["layers"] == [
+        "hugepages",
+        "kernel",
+        "mps",
+        "units",
+    ]
+    with_snapshot = build(H, inputs | {"nvidia_mig_snapshot": "/s.json"}, _plan(gpus=[gpu]), facts)
+    assert with_snapshot.module_args["mig"]["snapshot"] == "/s.json"
+    assert "snapshot" not in build(H, inputs, _plan(gpus=[gpu]), facts).module_args["mig"]
+    del facts["numafleet_state_paths"]  # not known: both run
+    assert build(H, inputs, _plan(gpus=[gpu]), facts).module_args["layers"] == list(ALL_LAYERS)
+
+
+def _plan_text(role_input, shape, version="none", host="none"):
+    return (
+        f"host {H}: {role_input} is not this host's plan from numafleet.tuning.numa_plan "
+        f"(version 1, host {H}, {shape}; got version {version}, host {host}). Run "
+        f"numafleet.tuning.numa_plan on this host first and pass its fact: {role_input}: "
+        '"{{ ansible_facts.numafleet_plan }}".'
+    )
+
+
+def _root_text(role_input, root, tail):
+    return (
+        f"host {H}: {role_input} is '{root}'; render mode needs an absolute directory other than "
+        f"/, e.g. /srv/numafleet-render/{H}. To apply to the host itself, leave it unset "
+        f"(null){tail}"
+    )
+
+
+LONG = (
+    "; an empty string is refused so that a template that came out empty cannot turn a review "
+    "run into a rollout."
+)
+
+# (layer, inputs, plan, facts changes, expected messages)
+CASES = {
+    "hugepages plan": (
+        "hugepages",
+        {},
+        {"version": 2, "host": "x"},
+        {},
+        [_plan_text("hugepages_plan", "a nodes list", "2", "x")],
+    ),
+    "kernel plan": (
+        "kernel",
+        {},
+        "not a plan",
+        {},
+        [_plan_text("numa_kernel_plan", "lists placements, nodes and reserved_cpus")],
+    ),
+    "mig plan": (
+        "mig",
+        {},
+        {"version": 1, "host": H},
+        {},
+        [_plan_text("nvidia_mig_plan", "gpus and mig_gpus lists", "1", H)],
+    ),
+    "mps plan": (
+        "mps",
+        {},
+        _plan(host="other"),
+        {},
+        [_plan_text("nvidia_mps_plan", "an mps_daemons list", "1", "other")],
+    ),
+    "units plan": (
+        "units",
+        {},
+        None,
+        {},
+        [_plan_text("pinned_services_plan", "a placements list")],
+    ),
+    "hugepages root": (
+        "hugepages",
+        {"hugepages_render_root": "render", "hugepages_sysfs_root": "/rec/sys"},
+        _plan(),
+        {},
+        [_root_text("hugepages_render_root (numafleet_render_root in site.yml)", "render", LONG)],
+    ),
+    "kernel root": (
+        "kernel",
+        {"numa_kernel_render_root": ""},
+        _plan(),
+        {},
+        [_root_text("numa_kernel_render_root (numafleet_render_root in site.yml)", "", LONG)],
+    ),
+    "mig root": (
+        "mig",
+        {"nvidia_mig_render_root": "//"},
+        _plan(),
+        {},
+        [
+            _root_text(
+                "nvidia_mig_render_root (numafleet_render_root in site.yml)",
+                "//",
+                "; an empty string is refused.",
+            )
+        ],
+    ),
+    "mps root": (
+        "mps",
+        {"nvidia_mps_render_root": "x"},
+        _plan(),
+        {},
+        [_root_text("nvidia_mps_render_root", "x", ".")],
+    ),
+    "units root": (
+        "units",
+        {"pinned_services_render_root": "render"},
+        _plan(),
+        {},
+        [
+            _root_text(
+                "pinned_services_render_root (numafleet_render_root in site.yml)", "render", LONG
+            )
+        ],
+    ),
+    "hugepages live sysfs": (
+        "hugepages",
+        {"hugepages_render_root": "/srv/r"},
+        _plan(),
+        {},
+        [
+            f"host {H}: hugepages_render_root is set (render mode) but hugepages_sysfs_root is /sys, "
+            "so the pools would be written to this host's running kernel. Point hugepages_sysfs_root "
+            "(numafleet_sysfs_root in site.yml) at a scratch copy of the host's tree "
+            "(playbooks/capture_topology.yml), or review the host itself with --check --diff and no "
+            "render root."
+        ],
+    ),
+    "boot size": (
+        "hugepages",
+        {"hugepages_boot_reserve": ["1G", "3M"]},
+        _plan(),
+        {},
+        [
+            f'host {H}: hugepages_boot_reserve[1] is "3M"; give page sizes as 2M, 1G or a size in kB '
+            "(e.g. [1G])."
+        ],
+    ),
+    "mount": (
+        "hugepages",
+        {"hugepages_mounts": [{"path": "/d", "size": "1G"}, {"path": "/x", "size": "5G"}]},
+        _plan(),
+        {},
+        [
+            f'host {H}: hugepages_mounts[1] is {{"path": "/x", "size": "5G"}}; each entry needs path '
+            "(an absolute mount point) and size (2M, 1G or the page size in kB as a number), "
+            "optionally mode (an octal string, 1770 when left out) and group, e.g. "
+            "{path: /dev/hugepages1G, size: 1G}."
+        ],
+    ),
+    "banned": (
+        "kernel",
+        {"numa_kernel_irqbalance_banned": "0 - 1"},
+        _plan(),
+        {},
+        [
+            f"host {H}: numa_kernel_irqbalance_banned is '0 - 1'; give auto, leave, or a cpulist "
+            'string such as "0-1,64-65" (no spaces).'
+        ],
+    ),
+    "kernel live facts": (
+        "kernel",
+        {"numa_kernel_render_root": "/srv/r"},
+        _plan(),
+        {"numa": dict(FACTS["numa"], sysfs_root="/sys")},
+        [
+            f"host {H}: numa_kernel_render_root is set (render mode) but the NUMA facts were read "
+            "from the live /sys and /rec/proc, where numa_kernel would change the running kernel. "
+            "Point numafleet_sysfs_root and numafleet_procfs_root at a recording "
+            "(playbooks/capture_topology.yml), or unset the render root to apply to the host."
+        ],
+    ),
+    "parted config": (
+        "mig",
+        {"nvidia_mig_parted_config": "mig.yaml"},
+        _plan(),
+        {},
+        [
+            f"host {H}: nvidia_mig_parted_config (numafleet_mig_parted_config in site.yml) is "
+            "'mig.yaml'; it must be an absolute path, or '' to write no mig-parted config. Fix the "
+            "variable; nothing was changed."
+        ],
+    ),
+    "mig require gpu": (
+        "mig",
+        {"nvidia_mig_require_gpu": True},
+        _plan(),
+        {},
+        [
+            f"host {H}: nvidia_mig_require_gpu is true but the host's facts show no GPU under "
+            "/sys/bus/pci/devices. Check the driver and the PCI devices, or set "
+            "nvidia_mig_require_gpu: false (numafleet_require_gpu in site.yml) for hosts without GPUs."
+        ],
+    ),
+    "mig no mode": (
+        "mig",
+        {},
+        _plan(gpus=[{"mig": None}], mig_gpus=[{"gpu": "0000:17:00.0"}]),
+        {},
+        [
+            f"host {H}: the plan declares MIG state for 0000:17:00.0 but no GPU of the host reports a "
+            "MIG mode; gather the GPU facts where NVML or nvidia-smi works."
+        ],
+    ),
+    "mps require gpu": (
+        "mps",
+        {"nvidia_mps_require_gpu": True},
+        _plan(),
+        {},
+        [
+            f"host {H}: nvidia_mps_require_gpu is true but the host shows no NVIDIA GPU (gpu_topology "
+            "facts list none). Set nvidia_mps_require_gpu: false to skip such hosts, or check the "
+            "driver (nvidia-smi) and the facts."
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_role_check_messages(case):
+    layer, inputs, plan, facts, expected = CASES[case]
+    result = build(H, inputs, plan, dict(FACTS, **facts), (layer,))
+    assert result.problems == expected
+
+
+def test_every_failed_check_is_reported_in_order():
+    result = build(H, {"pinned_services_render_root": "render"}, _plan(host="x"), FACTS, ("units",))
+    assert [p.split(" is ")[0] for p in result.problems] == [
+        f"host {H}: pinned_services_plan",
+        f"host {H}: pinned_services_render_root (numafleet_render_root in site.yml)",
+    ]
+
+
+# Then what the module itself refuses, named as the filter module_input_problems names it.
+MODULE_CASES = {
+    "hugepages": ({"hugepages_bootloader": "lilo"}, "hugepages_bootloader"),
+    "kernel": ({"numa_kernel_thp_enabled": "sometimes"}, "numa_kernel_thp_enabled"),
+    "mig": ({"nvidia_mig_backend": "magic"}, "nvidia_mig_backend"),
+    "mps": ({"nvidia_mps_unit_dir": "relative"}, "nvidia_mps_unit_dir"),
+    "units": ({"pinned_services_manifest_path": "a\0b"}, "pinned_services_manifest_path"),
+}
+
+
+@pytest.mark.parametrize("layer", sorted(MODULE_CASES))
+def test_module_refusals_follow_the_role_checks(layer):
+    inputs, name = MODULE_CASES[layer]
+    problems = build(H, inputs, _plan(), FACTS, (layer,)).problems
+    assert len(problems) == 1 and problems[0].startswith(f"host {H}: ") and name in problems[0]
+    # Only when the role's own checks passed.
+    assert all(
+        "is not this host's plan" in p for p in build(H, inputs, {}, FACTS, (layer,)).problems
+    )
+
+
+JUNK = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=5) | st.floats(allow_nan=False),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.dictionaries(st.sampled_from(sorted(ROLE_DEFAULTS)), JUNK, max_size=6), JUNK, JUNK)
+def test_wrong_types_give_problems_not_exceptions(inputs, plan, facts):
+    result = build(H, inputs, plan, facts if isinstance(facts, dict) else {})
+    assert isinstance(result.problems, list)
+    assert all(isinstance(p, str) and p.startswith(f"host {H}") for p in result.problems)
+    # A good plan: the module's own checks run on the junk too.
+    result = build(H, inputs, _plan(), dict(FACTS))
+    assert all(isinstance(p, str) and p.startswith(f"host {H}") for p in result.problems)
+
+
+def test_measure_problems():
+    assert measure_problems(H, {}) == []
+    assert (
+        measure_problems(H, {"numafleet_verify_window_s": "2.5", "numafleet_drift_fail": "no"})
+        == []
+    )
+    assert measure_problems(H, {"numafleet_verify_window_s": 4000}) == [
+        f"host {H}: numafleet_verify_window_s is '4000', numafleet_verify_perf is 'auto' and "
+        "numafleet_drift_fail is 'True'; the window is a number of seconds from 0 to 3600 "
+        "(e.g. 5; 0 = one sample), perf is auto or never, and numafleet_drift_fail is true or false."
+    ]
+    assert measure_problems(H, {"numafleet_verify_perf": ["x"]})
+    assert measure_problems(H, {"numafleet_drift_fail": "maybe"})
+
+
+def test_site_inputs_take_host_vars_then_defaults():
+    inputs = site_inputs(
+        {
+            "numafleet_reboot_ok": True,
+            "numafleet_gpu_snapshot": "/s.json",
+            "pinned_services_hardening": False,
+        }
+    )
+    assert inputs["hugepages_reboot_ok"] is True
+    assert inputs["nvidia_mig_snapshot"] is None  # only in render mode
+    assert inputs["pinned_services_hardening"] is False
+    assert not any(name.endswith("_plan") for name in inputs)
+    assert set(inputs) == set(ROLE_DEFAULTS)
+    render = site_inputs({"numafleet_render_root": "/r", "numafleet_gpu_snapshot": "/s.json"})
+    assert (
+        render["nvidia_mig_snapshot"] == "/s.json" and render["pinned_services_render_root"] == "/r"
+    )
+
+
+def _rendered_demo_inputs() -> dict:
+    """{host: (inputs, numafleet_* host vars)} as ansible-playbook renders them on the demo fleet."""
+    names = sorted(set(_apply_args.role_input_sources()) - set(_apply_args.PLAN_INPUTS))
+    env = dict(os.environ, ANSIBLE_CALLBACK_RESULT_FORMAT="json", ANSIBLE_NOCOLOR="1")
+    run = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "ansible-playbook"),
+            "-i",
+            "inventories/demo",
+            "tests/unit/render_site_inputs.yml",
+            "-e",
+            json.dumps({"__names": names}),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    out = {}
+    for host, body in re.findall(r"^ok: \[([^\]]+)\] => (\{.*?^\})", run.stdout, re.M | re.S):
+        msg = json.loads(body)["msg"]
+        out[host] = json.loads(msg) if isinstance(msg, str) else msg
+    return out
+
+
+def test_site_inputs_equal_roles_yml_on_the_demo_fleet():
+    rendered = _rendered_demo_inputs()
+    demo = {p.stem for p in (REPO / "inventories/demo/host_vars").glob("*.yml")}
+    assert demo <= set(rendered)
+    for host, values in rendered.items():
+        assert len(values["inputs"]) == len(
+            set(_apply_args.role_input_sources()) - set(_apply_args.PLAN_INPUTS)
+        ), host
+        ours = site_inputs(values["host_vars"])
+        assert {k: ours[k] for k in values["inputs"]} == values["inputs"], host
+
+
+# Extra vars (they outrank every other variable) that make every role's checks fail somewhere.
+BAD_EXTRA_VARS = {
+    "numafleet_render_root": "render",
+    "numafleet_mig_parted_config": "mig.yaml",
+    "numafleet_irqbalance_banned": "0 - 1",
+    "numafleet_require_gpu": True,
+    "numafleet_hugepages_boot_reserve": ["1G", "3M"],
+    "numafleet_hugepages_mounts": [{"path": "/x", "size": "5G"}],
+}
+
+
+@pytest.mark.parametrize("extra_vars", [{}, BAD_EXTRA_VARS], ids=["demo", "bad"])
+def test_build_equals_the_roles_jinja_on_the_demo_fleet(extra_vars):
+    """build() against the five roles' vars/main.yml rendered by ansible-playbook (about 6 s)."""
+    if not (REPO / ".demo").is_dir():
+        pytest.skip(".demo/ is not there (make demo, or tests/unit/fixtures/trees.py --demo .demo)")
+    env = dict(os.environ, ANSIBLE_CALLBACK_RESULT_FORMAT="json", ANSIBLE_NOCOLOR="1")
+    run = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "ansible-playbook"),
+            "-i",
+            "inventories/demo",
+            "tests/unit/render_role_args.yml",
+            "-e",
+            json.dumps(extra_vars),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr
+    found = re.findall(r"^ok: \[([^\]]+)\] => (\{.*?^\})", run.stdout, re.M | re.S)
+    rendered = {host: json.loads(json.loads(body)["msg"]) for host, body in found}
+    demo = {p.stem for p in (REPO / "inventories/demo/host_vars").glob("*.yml")}
+    assert demo <= set(rendered)
+    for host, jinja in rendered.items():
+        facts = jinja["facts"]
+        host_vars = {**jinja["host_vars"], **extra_vars}
+        args = build(host, site_inputs(host_vars), facts.get("numafleet_plan"), facts)
+        module = args.module_args
+        assert args.problems == jinja["errors"], host
+        assert bool(extra_vars) == bool(args.problems), host
+        assert ("mig" in module["layers"], "mps" in module["layers"]) == (
+            jinja["mig_run"],
+            jinja["mps_run"],
+        ), host
+        assert (module["root"], module["service_manager"]) == (
+            jinja["root"],
+            jinja["service_manager"],
+        ), host
+        assert module["hugepages"] == jinja["hugepages"], host
+        assert {k: v for k, v in module["kernel"].items() if not k.endswith("fs_root")} == jinja[
+            "kernel"
+        ], host
