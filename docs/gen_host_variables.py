@@ -196,10 +196,9 @@ def role_inputs_section() -> list:
         "",
         "## Role inputs the playbooks set",
         "",
-        "`site.yml` and `drift_check.yml` load `playbooks/vars/roles.yml` as play variables, which "
-        "outrank the inventory: they set these role inputs for every host. Set for a host, such a "
-        "role input would be ignored, so the check refuses it and names the host variable to set "
-        "instead.",
+        "`site.yml` and `drift_check.yml` read these settings from the host variables named "
+        "here (or from the plan), not from the role inputs. Set for a host, such a role input "
+        "would be ignored, so the check refuses it and names the host variable to set instead.",
         "",
         "| role input | set from |",
         "|---|---|",

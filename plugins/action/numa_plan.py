@@ -10,6 +10,9 @@ on the facts that numa_facts / gpu_topology_facts already returned. Documentatio
 
 from __future__ import annotations
 
+from ansible.errors import AnsibleActionFail
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa import mps, units
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.changes import change_plan
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import (
@@ -23,8 +26,10 @@ from ansible_collections.numafleet.tuning.plugins.module_utils.numa.planner impo
     plan_summary,
 )
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.recorded import PLAN_PATH
+from ansible_collections.numafleet.tuning.plugins.plugin_utils import _apply_args, _plan_inputs
 from ansible_collections.numafleet.tuning.plugins.plugin_utils._controller import (
     ControllerAction,
+    HostVariables,
     escape_controls,
     plain,
 )
@@ -54,7 +59,24 @@ ARGUMENT_SPEC = dict(
     mps_unit_dir=dict(type="str", default=units.DEFAULT_UNIT_DIR),
     mps_control_path=dict(type="str", default=mps.DEFAULT_CONTROL),
     mps_nvidia_smi_path=dict(type="str", default=mps.DEFAULT_NVIDIA_SMI),
+    playbook=dict(type="str", choices=["site.yml", "drift_check.yml", "verify.yml"]),
 )
+
+# Under a playbook, options the task leaves out come from the host variables: the plan's inputs,
+# and the renderers' settings from the role inputs the playbook's apply would use.
+_RENDER_INPUTS = {
+    "hardening": "pinned_services_hardening",
+    "unit_dir": "pinned_services_unit_dir",
+    "mps_unit_dir": "nvidia_mps_unit_dir",
+    "mps_control_path": "nvidia_mps_control_path",
+    "mps_nvidia_smi_path": "nvidia_mps_nvidia_smi_path",
+}
+# What each playbook asks of the plan: the change plan, and whether a refused plan fails.
+_PLAYBOOK_MODE = {
+    "site.yml": {"changes": True, "refuse": True},
+    "drift_check.yml": {"changes": True, "refuse": False},
+    "verify.yml": {"changes": False, "refuse": True},
+}
 
 # The renderers' names of the path and program options -> the role inputs that set them.
 _UNIT_OPTIONS = {"unit_dir": "pinned_services_unit_dir"}
@@ -95,6 +117,12 @@ class ActionModule(ControllerAction):
         result, host, args = self.start(tmp, task_vars)
 
         facts = task_vars.get("ansible_facts") or {}
+        variables = inputs = None
+        if args["playbook"] is not None:
+            variables = HostVariables(task_vars, host)
+            inputs = _apply_args.site_inputs(variables)
+            self._host_name = host
+            args = self._from_host_vars(args, variables, inputs)
         numa = args["numa"] if args["numa"] is not None else facts.get("numa")
         if not numa:
             result.update(
@@ -175,6 +203,11 @@ class ActionModule(ControllerAction):
             # Only the message and the change plan: the plan itself would bury them.
             result.update(failed=True, msg=" ".join(changes["refused"]), changes=changes["lines"])
             return result
+        if inputs is not None:
+            problems = self._input_problems(host, args["playbook"], variables, inputs, plan, facts)
+            if problems:
+                result.update(failed=True, msg=" ".join(problems), problems=problems)
+                return result
         new_facts = {"numafleet_plan": plan}
         if changes is not None:
             new_facts["numafleet_changes"] = changes
@@ -185,6 +218,40 @@ class ActionModule(ControllerAction):
             # Shown as [WARNING] lines, which carry no host name of their own.
             result["warnings"] = [f"host {host}: {warning}" for warning in plan["warnings"]]
         return result
+
+    def _from_host_vars(self, args: dict, variables, inputs: dict) -> dict:
+        """args with every option the task left out taken from the host variables."""
+        given = set(self._task.args)
+        args = dict(args, **_PLAYBOOK_MODE[args["playbook"]])
+        for option, value in _plan_inputs.plan_inputs(variables).items():
+            if option not in given:
+                args[option] = value
+        for option, role_input in _RENDER_INPUTS.items():
+            if option not in given and role_input in inputs:
+                args[option] = inputs[role_input]
+        # The host variables' values get the options' types (host_vars_check refused what
+        # cannot have them, before this task).
+        validated = ArgumentSpecValidator(ARGUMENT_SPEC).validate(args)
+        if validated.error_messages:
+            raise AnsibleActionFail(
+                f"host {self._host_name}: {self.NAME}: " + "; ".join(validated.error_messages)
+            )
+        return validated.validated_parameters
+
+    @staticmethod
+    def _input_problems(host, playbook, variables, inputs, plan, facts) -> list:
+        """Every message the playbook's input checks give (the apply's inputs, the measurement
+        settings), with control characters escaped; [] when the inputs are right."""
+        facts = plain(facts)
+        problems = []
+        if playbook in ("site.yml", "drift_check.yml"):
+            applied = _apply_args.build(host, inputs, plan, facts)
+            problems += _apply_args.name_host_variables(applied.problems)
+        if playbook == "drift_check.yml":
+            problems += _apply_args.measure_problems(host, variables)
+        if playbook == "verify.yml":
+            problems += _apply_args.verify_problems(host, variables)
+        return [escape_controls(text) for text in problems]
 
     @staticmethod
     def _recorded(host, recorded, plan_path, repack):

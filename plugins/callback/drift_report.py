@@ -130,6 +130,16 @@ LAYERS = {
     "pinned_services": "pinned_units",
 }
 JUNIT_LAYERS = tuple(LAYERS) + ("verify",)
+# numafleet.tuning.host_apply runs every layer in one execution: its result's ``layers`` holds
+# each layer's result under these names.
+APPLY_ACTION = "host_apply"
+APPLY_LAYERS = {
+    "hugepages": "hugepages",
+    "kernel": "numa_kernel",
+    "mig": "nvidia_mig",
+    "mps": "nvidia_mps",
+    "units": "pinned_services",
+}
 STATUSES = ("clean", "drift", "fail", "unreachable")
 CHECK_STATUSES = ("pass", "fail", "warn", "skipped")
 PLAY_VAR = "numafleet_drift_run"
@@ -610,6 +620,9 @@ class CallbackModule(CallbackBase):
         if name == FINAL_TASK and not role:
             return
         action = str(getattr(task, "action", "") or "").rsplit(".", 1)[-1]
+        if action == APPLY_ACTION:
+            self._apply_result(host, task, data, outcome)
+            return
         if role in LAYERS and action == LAYERS[role]:
             self._run.layer_result(host, role, data.get("changed"), outcome == "failed")
         if outcome == "failed":
@@ -634,6 +647,23 @@ class CallbackModule(CallbackBase):
                     if isinstance(item_diff, dict)
                 ]
             self._run.changed(host, role or "play", name, diff)
+
+    def _apply_result(self, host: str, task, data: dict, outcome: str) -> None:
+        """One host_apply result: a layer result (and its drift) per layer that ran."""
+        name = task.get_name()
+        layers = data.get("layers") if isinstance(data.get("layers"), dict) else {}
+        failed_layer = APPLY_LAYERS.get(str(data.get("layer") or ""), "")
+        for layer, role in APPLY_LAYERS.items():
+            part = layers.get(layer)
+            if not isinstance(part, dict):
+                if outcome == "failed" and role == failed_layer:
+                    self._run.layer_result(host, role, False, True)
+                continue
+            self._run.layer_result(host, role, part.get("changed"), False)
+            if part.get("changed") and _check_mode(task):
+                self._run.changed(host, role, name, part.get("diff"))
+        if outcome == "failed":
+            self._run.failed(host, failed_layer, name, data.get("msg"))
 
     def v2_runner_on_ok(self, result):
         self._result(result, "ok")

@@ -17,6 +17,23 @@ attributes:
     description: Running the module twice with the same arguments changes nothing the second time.
 """
 
+    # The collection's action plugins that run on the controller only (no module is sent):
+    # numa_plan, host_vars_check, numa_verify, verify_report.
+    CONTROLLER_ACTION = r"""
+options: {}
+attributes:
+  action:
+    support: full
+  async:
+    support: none
+  become:
+    support: none
+  bypass_host_loop:
+    support: none
+  connection:
+    support: none
+"""
+
     FACTS_MODULE = r"""
 options: {}
 attributes:

@@ -53,8 +53,34 @@ def fail_percentage(value):
     )
 
 
+def failed_plans(hostvars, all_hosts, active_hosts, registered):
+    """Sorted names of the hosts that left the play because a planning task failed.
+
+    hostvars: Ansible's hostvars; all_hosts, active_hosts: ansible_play_hosts_all and
+    ansible_play_hosts; registered: names of registered results whose ``failed`` marks a failed
+    plan (site.yml: the host-variable check and the plan). A host that left the play for another
+    reason (unreachable when the facts were gathered) is not a failed plan.
+    """
+    active = set(active_hosts)
+    failed = []
+    for host in all_hosts:
+        if host in active:
+            continue
+        variables = hostvars[host]
+        for name in registered:
+            result = variables.get(name) if name in variables else None
+            if isinstance(result, dict) and result.get("failed"):
+                failed.append(str(host))
+                break
+    return sorted(set(failed))
+
+
 class FilterModule:
-    """Rolling-update filters for site.yml's play keywords."""
+    """Rolling-update and plan-gate filters for site.yml."""
 
     def filters(self):
-        return {"serial_batches": serial_batches, "fail_percentage": fail_percentage}
+        return {
+            "serial_batches": serial_batches,
+            "fail_percentage": fail_percentage,
+            "failed_plans": failed_plans,
+        }

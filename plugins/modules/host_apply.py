@@ -159,6 +159,48 @@ options:
       gpu_snapshot:
         description: A recorded GPU state read instead of NVML, as for M(numafleet.tuning.numa_facts).
         type: path
+  measure:
+    description:
+      - After the layers (and the handler pass), measure the plan's placements as
+        M(numafleet.tuning.numa_locality_info) does, read-only, and return the measurement in
+        RV(locality). C(verify.yml) and C(drift_check.yml) use it, so that the comparison and the
+        measurement are one module run per host.
+      - Unset (the default), nothing is measured.
+    type: dict
+    suboptions:
+      sysfs_root:
+        description: Where sysfs is mounted.
+        type: path
+        default: /sys
+      procfs_root:
+        description: Where procfs is mounted.
+        type: path
+        default: /proc
+      cgroup_root:
+        description: Where the cgroup file system is mounted.
+        type: path
+        default: /sys/fs/cgroup
+      window_s:
+        description: The sampling window in seconds (V(0) is one sample), as for M(numafleet.tuning.numa_locality_info).
+        type: float
+        default: 5
+      perf:
+        description: V(auto) uses C(perf stat) when it is installed; V(never) does not.
+        type: str
+        choices: [auto, never]
+        default: auto
+  recorded_digest:
+    description:
+      - The digest of the host's recorded state (the plan file and the files the last apply
+        wrote, as C(ansible_facts.numafleet_recorded) of M(numafleet.tuning.numa_facts) read it)
+        that the caller planned from and showed its change plan for.
+      - When given, the module reads that state again under its lock, before anything changes,
+        and fails when it differs, naming the fix. Another run applied in between, or the facts
+        came from a stale fact cache, so the change plan that was shown is not what would happen.
+      - When given and not in check mode, the module also returns the state after the apply as
+        RV(ansible_facts.numafleet_recorded) and RV(ansible_facts.numafleet_state_paths), so that
+        a fact cache holds the new state.
+    type: str
 extends_documentation_fragment:
   - numafleet.tuning.file_safety
   - numafleet.tuning._attributes
@@ -214,6 +256,25 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+locality:
+  description:
+    - The measurement of the plan's placements (keys C(services) and C(nodes)), as
+      M(numafleet.tuning.numa_locality_info) returns it.
+  returned: when O(measure) is given
+  type: dict
+  sample: {services: [], nodes: []}
+ansible_facts:
+  description: The host's recorded state after the apply.
+  returned: when O(recorded_digest) is given, not in check mode
+  type: complex
+  contains:
+    numafleet_recorded:
+      description: As M(numafleet.tuning.numa_facts) publishes it for O(root).
+      type: dict
+    numafleet_state_paths:
+      description: The collection's state files below O(root) that exist, as M(numafleet.tuning.numa_facts) publishes them.
+      type: list
+      elements: str
 layers:
   description:
     - Layer name -> the result of that layer, as its module returns it (see the RETURN of
@@ -284,6 +345,25 @@ from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa import layers
 
 _LAYER_OPTION = dict(type="dict", default={})
+# The planner's inputs (option replan) and the measurement's settings (option measure).
+REPLAN_SPEC = dict(
+    numa=dict(type="dict"),
+    placements=dict(type="list", elements="dict", default=[]),
+    tenants=dict(type="list", elements="dict", default=[]),
+    policy=dict(type="dict", default={}),
+    hugepages_extra=dict(type="list", elements="dict", default=[]),
+    mig_gpus=dict(type="list", elements="raw", default=[]),
+    sysfs_root=dict(type="path", default="/sys"),
+    procfs_root=dict(type="path", default="/proc"),
+    gpu_snapshot=dict(type="path"),
+)
+MEASURE_SPEC = dict(
+    sysfs_root=dict(type="path", default="/sys"),
+    procfs_root=dict(type="path", default="/proc"),
+    cgroup_root=dict(type="path", default="/sys/fs/cgroup"),
+    window_s=dict(type="float", default=5),
+    perf=dict(type="str", choices=["auto", "never"], default="auto"),
+)
 
 
 def load_pynvml():
@@ -325,17 +405,6 @@ def _layer_params(module, name: str, plan: dict) -> dict:
 
 
 def main() -> None:
-    replan_spec = dict(
-        numa=dict(type="dict"),
-        placements=dict(type="list", elements="dict", default=[]),
-        tenants=dict(type="list", elements="dict", default=[]),
-        policy=dict(type="dict", default={}),
-        hugepages_extra=dict(type="list", elements="dict", default=[]),
-        mig_gpus=dict(type="list", elements="raw", default=[]),
-        sysfs_root=dict(type="path", default="/sys"),
-        procfs_root=dict(type="path", default="/proc"),
-        gpu_snapshot=dict(type="path"),
-    )
     spec = dict(
         plan=dict(type="dict", required=True),
         host=dict(type="str"),
@@ -346,7 +415,9 @@ def main() -> None:
         service_manager=dict(type="str", choices=["systemd", "none"], default="systemd"),
         restart=dict(type="str", choices=["auto", "never"], default="auto"),
         restart_awaited=dict(type="list", elements="str", default=[]),
-        replan=dict(type="dict", options=replan_spec),
+        replan=dict(type="dict", options=REPLAN_SPEC),
+        measure=dict(type="dict", options=MEASURE_SPEC),
+        recorded_digest=dict(type="str"),
         **{name: dict(_LAYER_OPTION) for name in layers.LAYERS},
     )
     module = AnsibleModule(argument_spec=spec, supports_check_mode=True)
@@ -363,6 +434,8 @@ def main() -> None:
     results, ran, current = {}, [], None
     try:
         with layers.lock(params["root"], host.check_mode):
+            if params["recorded_digest"] is not None and not host.check_mode:
+                _check_recorded(module)
             for current in enabled:
                 if current in ("mps", "units") and replanned is not None:
                     options[current]["plan"] = replanned
@@ -402,6 +475,10 @@ def main() -> None:
     )
     if replanned is not None:
         result.update(plan=replanned, summary=layers.summary(replanned))
+    if params["measure"] is not None:
+        result["locality"] = _measure(module, replanned or plan)
+    if params["recorded_digest"] is not None and not host.check_mode:
+        result["ansible_facts"] = _recorded_facts(params["root"])
     if module._diff:
         diff = []
         for name in enabled:
@@ -409,6 +486,69 @@ def main() -> None:
             diff += entry if isinstance(entry, list) else [entry]
         result["diff"] = diff
     module.exit_json(**result)
+
+
+def _check_recorded(module) -> None:
+    """Fail, before anything changes, when the host's recorded state is not what the caller
+    planned from (recorded.state_digest of a fresh read against O(recorded_digest))."""
+    from ansible_collections.numafleet.tuning.plugins.module_utils.numa.recorded import (
+        read_recorded,
+        state_digest,
+    )
+
+    if state_digest(read_recorded(module.params["root"])) != module.params["recorded_digest"]:
+        _fail(
+            module,
+            "the host's recorded state (the plan in /etc/numafleet/plan.json and the files the "
+            "last apply wrote) changed after the facts were read: another run applied in "
+            "between, or the facts came from a stale fact cache, so the change plan shown is "
+            "not what would happen. Nothing was changed; run again (with --flush-cache when a "
+            "fact cache is configured).",
+            ran=[],
+            layers={},
+        )
+
+
+def _recorded_facts(root: str) -> dict:
+    """numafleet_recorded and numafleet_state_paths below root, read after the apply."""
+    from ansible_collections.numafleet.tuning.plugins.module_utils.numa.facts import (
+        STATE_FILES,
+        read_state_paths,
+    )
+    from ansible_collections.numafleet.tuning.plugins.module_utils.numa.recorded import (
+        read_recorded,
+    )
+
+    base = root.rstrip("/")
+    return {
+        "numafleet_recorded": read_recorded(root),
+        "numafleet_state_paths": read_state_paths([base + path for path in STATE_FILES]),
+    }
+
+
+def _measure(module, plan: dict) -> dict:
+    """The measurement of plan's placements (locality.measure_on_host); fails the module."""
+    import functools
+    import time
+
+    from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import (
+        NumaTuneError,
+    )
+    from ansible_collections.numafleet.tuning.plugins.module_utils.numa.locality import (
+        measure_on_host,
+    )
+
+    run = functools.partial(module.run_command, check_rc=False)
+    try:
+        return measure_on_host(
+            plan.get("placements") or [],
+            module.params["measure"],
+            run,
+            module.get_bin_path,
+            time.sleep,
+        )
+    except NumaTuneError as exc:
+        _fail(module, f"measure: {exc}")
 
 
 def _handler_pass(module, results: dict) -> list:

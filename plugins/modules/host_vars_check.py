@@ -20,11 +20,11 @@ description:
   - A C(numafleet_*) variable that is not in the schema (a typo such as C(numafleet_placement)) is
     an error, with the closest known name as a suggestion. Facts of the collection
     (C(numafleet_plan), C(numafleet_state_paths)) and names starting with C(__) are ignored.
-  - With O(playbook=site.yml) or O(playbook=drift_check.yml), a role input that the playbook sets
-    itself from a host variable (C(playbooks/vars/roles.yml), for example
-    C(numa_kernel_thp_enabled) from C(numafleet_thp_enabled)) is an error that names the host
-    variable to set instead, because the playbook's value outranks the inventory. Role inputs the
-    playbooks do not set (for example C(pinned_services_hardening)) are left alone.
+  - With O(playbook=site.yml) or O(playbook=drift_check.yml), a role input that the playbook reads
+    from a host variable instead (for example C(numa_kernel_thp_enabled), read from
+    C(numafleet_thp_enabled)) is an error that names the host variable to set, because the
+    playbook would ignore it. Role inputs the playbooks read as they are (for example
+    C(pinned_services_hardening)) are left alone.
   - A host variable that a play keyword reads (C(numafleet_serial) for C(serial)), which sees
     extra vars only, is an error when it comes from the inventory rather than from C(-e).
   - Every known host variable that O(playbook) reads and that is set is checked like an argument
@@ -40,7 +40,7 @@ options:
     description:
       - The playbook (under C(playbooks/)) the check runs for. It selects the host variables whose
         values are checked (those the playbook reads), and whether role inputs set for the host are
-        refused (V(site.yml) and V(drift_check.yml) set them from C(playbooks/vars/roles.yml)).
+        refused (V(site.yml) and V(drift_check.yml) read their host variables instead).
       - Unknown C(numafleet_*) names are errors for every playbook.
     type: str
     choices: [site.yml, verify.yml, drift_check.yml, facts.yml, capture_topology.yml]
@@ -50,17 +50,8 @@ extends_documentation_fragment:
   - action_common_attributes.conn
   - action_common_attributes.flow
   - numafleet.tuning._attributes
+  - numafleet.tuning._attributes.controller_action
 attributes:
-  action:
-    support: full
-  async:
-    support: none
-  become:
-    support: none
-  bypass_host_loop:
-    support: none
-  connection:
-    support: none
   check_mode:
     support: full
     details: The same check runs in check mode.

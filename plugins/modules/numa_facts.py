@@ -76,8 +76,8 @@ options:
       - When to run C(nvidia-smi -q -x) for the GPU facts, as the option of the same name of
         M(numafleet.tuning.gpu_topology_facts).
       - V(auto) runs it only when NVML cannot be used and C(nvidia-smi) is found in C(PATH); its
-        failure is reported in RV(ansible_facts.gpu_topology.nvidia_smi.reason), not as a failed
-        task.
+        failure is reported in C(ansible_facts.gpu_topology.nvidia_smi.reason) (documented in
+        M(numafleet.tuning.gpu_topology_facts)), not as a failed task.
       - V(always) uses it instead of NVML and fails the task when it is missing or fails.
       - V(never) does not run it.
       - Ignored with O(gpu_snapshot).
@@ -111,6 +111,30 @@ options:
         regular file, not JSON or too large is reported as V(invalid) with the reason, never used.
       - Unset (the default), nothing is read and the fact is not published.
     type: path
+  reuse_cached:
+    description:
+      - Decided on the controller. With V(true), when the host's facts (from a fact cache, or an
+        earlier task of the run) answer this task - the same O(sysfs_root) and O(procfs_root),
+        GPU facts when O(gpu=true), the recorded state below the same root and the state paths
+        when O(state_root) or O(recorded_root) is given - no module is sent and the task returns
+        those facts, with RV(cached=true).
+      - Explicit O(state_paths) or O(gpu_snapshot_out) always run the module.
+      - C(site.yml) sets it, because its apply (M(numafleet.tuning.host_apply), option C(recorded_digest))
+        compares the collection's recorded state with the host under its lock before it changes
+        anything, refuses a stale one, and returns the state afresh for the cache. The topology
+        itself is trusted from the cache until it expires, so flush it (C(--flush-cache)) after
+        hardware or driver changes.
+    type: bool
+    default: false
+  state_root:
+    description:
+      - The root of the collection's own files on the host, V(/) for the host itself or the
+        render root in render mode. Shorthand for O(recorded_root) (when that is unset) plus
+        O(state_paths) C(<root>/etc/numafleet/mig.json) and C(<root>/etc/numafleet/mps-units.json),
+        which is what C(site.yml) and C(drift_check.yml) read.
+      - A value that is not an absolute path (an empty or relative render root) reads nothing; the
+        input checks of M(numafleet.tuning.numa_plan) then refuse it, naming the host variable.
+    type: str
 extends_documentation_fragment:
   - numafleet.tuning.roots
   - numafleet.tuning._attributes
@@ -179,6 +203,11 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+cached:
+  description: Whether the facts came from the host's cached facts (O(reuse_cached)) rather than from the host.
+  returned: always
+  type: bool
+  sample: false
 gpu_snapshot_written:
   description: Whether O(gpu_snapshot_out) was written (never in check mode, never without O(gpu=true)).
   returned: always
@@ -501,296 +530,12 @@ ansible_facts:
     gpu_topology:
       description:
         - GPUs of the host and where their values came from, exactly as
-          M(numafleet.tuning.gpu_topology_facts) publishes them for the same roots and options.
+          M(numafleet.tuning.gpu_topology_facts) publishes them for the same roots and options
+          (C(gpus), C(sources), C(driver_version), C(warnings) and more). The RETURN of that module
+          documents every key; both modules publish it from the same code, this one in the same
+          execution as the NUMA facts.
       returned: when O(gpu=true)
       type: dict
-      contains:
-        gpus:
-          description: One entry per NVIDIA or AMD GPU under C(bus/pci/devices), sorted by PCI address; empty without GPUs.
-          returned: always
-          type: list
-          elements: dict
-          contains:
-            address:
-              description: PCI address C(DDDD:BB:DD.F) as sysfs names it.
-              type: str
-              sample: "0000:17:00.0"
-            vendor:
-              description: V(nvidia) or V(amd).
-              type: str
-              sample: nvidia
-            vendor_id:
-              description: C(vendor) file.
-              type: str
-              sample: "0x10de"
-            device_id:
-              description: C(device) file.
-              type: str
-              sample: "0x20b5"
-            numa_node:
-              description: C(numa_node) file; V(null) when the kernel says V(-1) (unknown).
-              type: int
-              sample: 0
-            node:
-              description: The node to place work for this GPU on, or V(null) when unknown.
-              type: int
-              sample: 0
-            node_source:
-              description: V(numa_node) (sysfs said so), V(local_cpulist) (local CPUs equal exactly one node's CPUs), or V(null).
-              type: str
-              sample: numa_node
-            local_cpus:
-              description: C(local_cpulist) (else C(local_cpus)) of the GPU.
-              type: list
-              elements: int
-              sample: [0, 1, 2, 3]
-            switch:
-              description: Upstream port of the PCIe switch directly above the GPU, or V(null).
-              type: str
-              sample: "0000:16:00.0"
-            root_port:
-              description: PCIe root port above the GPU, or V(null).
-              type: str
-              sample: "0000:16:02.0"
-            uuid:
-              description: GPU UUID.
-              type: str
-              sample: GPU-59365d41-8075-51ae-aac5-77cbe78ed5ad
-            name:
-              description: Product name.
-              type: str
-              sample: NVIDIA A100 80GB PCIe
-            memory_total_mib:
-              description: Total framebuffer memory in MiB.
-              type: int
-              sample: 81920
-            compute_mode:
-              description: V(default), V(exclusive_process), V(prohibited) or V(exclusive_thread).
-              type: str
-              sample: default
-            persistence_mode:
-              description: V(enabled) or V(disabled).
-              type: str
-              sample: enabled
-            mig:
-              description: MIG state; V(null) when the GPU has no MIG or it is unknown.
-              type: dict
-              contains:
-                mode_current:
-                  description: V(enabled) or V(disabled).
-                  type: str
-                  sample: enabled
-                mode_pending:
-                  description: The mode after the next GPU reset, V(enabled) or V(disabled); V(null) when unknown.
-                  type: str
-                  sample: enabled
-                gpu_instances:
-                  description: Existing GPU instances by id (empty while MIG is disabled), or V(null) when they could not be listed.
-                  type: list
-                  elements: dict
-                  contains:
-                    id:
-                      description: GPU instance id.
-                      type: int
-                      sample: 2
-                    profile_id:
-                      description: GPU-instance profile id, as the driver numbers it for this GPU.
-                      type: int
-                      sample: 9
-                    profile_name:
-                      description: Profile name as nvidia-smi prints it without C(MIG).
-                      type: str
-                      sample: 3g.40gb
-                    placement_start:
-                      description: First memory slice of the instance.
-                      type: int
-                      sample: 4
-                    placement_size:
-                      description: Memory slices of the instance.
-                      type: int
-                      sample: 4
-                    compute_instances:
-                      description: Compute instances of the GPU instance, by id.
-                      type: list
-                      elements: dict
-                      contains:
-                        id:
-                          description: Compute instance id.
-                          type: int
-                          sample: 0
-                        profile_id:
-                          description: Compute-instance profile id.
-                          type: int
-                          sample: 2
-                        profile_name:
-                          description: Profile name (V(3g.40gb), or V(1c.3g.40gb) for a smaller compute instance).
-                          type: str
-                          sample: 3g.40gb
-                        mig_device_uuid:
-                          description: UUID of the MIG device this compute instance is (for C(CUDA_VISIBLE_DEVICES)).
-                          type: str
-                          sample: MIG-d2370484-ec09-58f3-9dd0-11e29c0f61ab
-                    mig_device_uuid:
-                      description: The MIG device UUID when the GPU instance holds exactly one compute instance, else V(null).
-                      type: str
-                      sample: MIG-d2370484-ec09-58f3-9dd0-11e29c0f61ab
-                supported_profiles:
-                  description: GPU-instance profiles the GPU offers, smallest first, or V(null) when NVML did not list them.
-                  type: list
-                  elements: dict
-                  contains:
-                    name:
-                      description: Profile name (the driver's, else derived from slices and memory as nvidia-smi does).
-                      type: str
-                      sample: 1g.10gb
-                    id:
-                      description: Profile id on this GPU and driver (resolve names to ids here, never from a table).
-                      type: int
-                      sample: 19
-                    max_count:
-                      description: How many instances of the profile fit on the GPU.
-                      type: int
-                      sample: 7
-                    slice_count:
-                      description: Compute slices of the profile.
-                      type: int
-                      sample: 1
-                    memory_mib:
-                      description: Memory of an instance in MiB.
-                      type: int
-                      sample: 9728
-                    placements:
-                      description: Possible placements, or V(null) when unknown.
-                      type: list
-                      elements: dict
-                      contains:
-                        start:
-                          description: First memory slice.
-                          type: int
-                          sample: 0
-                        size:
-                          description: Memory slices.
-                          type: int
-                          sample: 1
-            processes:
-              description: PIDs of the compute and graphics processes using the GPU, sorted.
-              type: list
-              elements: int
-              sample: [4711]
-            nvlink_peers:
-              description: GPUs reachable over active NVLinks, directly or through an NVSwitch (V(null) without NVLink).
-              type: list
-              elements: str
-              sample: ["0000:2a:00.0", "0000:3a:00.0"]
-            nvlink_switches:
-              description: PCI addresses of the NVSwitches the GPU's active NVLinks end at.
-              type: list
-              elements: str
-              sample: ["0000:05:00.0"]
-            nvml_numa_node:
-              description: NVML's NUMA id of the GPU (the node holding its memory on coherent systems such as GH200). Not the CPU node; use C(node).
-              type: int
-              sample: 1
-            partition:
-              description: AMD Instinct partition modes, or V(null) (NVIDIA, or no partition files).
-              type: dict
-              contains:
-                compute:
-                  description: Compute partitioning, or V(null).
-                  type: dict
-                  contains:
-                    current:
-                      description: Current mode (C(current_compute_partition)).
-                      type: str
-                      sample: CPX
-                    available:
-                      description: Modes the GPU offers (C(available_compute_partition)).
-                      type: list
-                      elements: str
-                      sample: [SPX, DPX, QPX, CPX]
-                memory:
-                  description: Memory partitioning, or V(null); same keys as C(compute).
-                  type: dict
-                  sample: {current: NPS4, available: [NPS1, NPS4]}
-            sources:
-              description: For each field that has a value, where it came from.
-              type: dict
-              sample: {address: sysfs, node: sysfs, uuid: nvml, mig: nvml}
-            unavailable:
-              description: >-
-                Fields the enrichment could not fill, with the reason (dotted keys name parts of C(mig)).
-                For an NVIDIA GPU the enrichment did not report at all, every enriched field is listed with that reason
-                (also given in RV(ansible_facts.gpu_topology.warnings)). Empty for AMD GPUs, and when nothing
-                enriched the GPUs (see RV(ansible_facts.gpu_topology.nvml.reason) and
-                RV(ansible_facts.gpu_topology.nvidia_smi.reason)).
-              type: dict
-              sample: {nvml_numa_node: "nvmlDeviceGetNumaNodeId: Not Supported"}
-        nvml:
-          description: Whether NVML was used.
-          returned: always
-          type: dict
-          contains:
-            available:
-              description: Whether NVML answered.
-              type: bool
-              sample: false
-            reason:
-              description: Why NVML could not be used, or V(null).
-              type: str
-              sample: "nvmlInit failed: NVML Shared Library Not Found"
-            driver_version:
-              description: NVIDIA driver version NVML reported, or V(null).
-              type: str
-              sample: 560.35.03
-        nvidia_smi:
-          description: Whether C(nvidia-smi -q -x) was used.
-          returned: always
-          type: dict
-          contains:
-            used:
-              description: Whether its output enriched the GPUs.
-              type: bool
-              sample: false
-            reason:
-              description: Why it was not used (not found, timed out, failed, not needed), or V(null).
-              type: str
-              sample: nvidia-smi was not found in PATH
-            driver_version:
-              description: Driver version from its output, or V(null).
-              type: str
-              sample: 560.35.03
-        snapshot:
-          description: The snapshot read instead of NVML, if any.
-          returned: always
-          type: dict
-          contains:
-            path:
-              description: O(gpu_snapshot), or V(null).
-              type: str
-              sample: /srv/captures/gpu-node-17/gpu-snapshot.json
-            recorded_from:
-              description: What the snapshot was recorded from (V(nvml) or V(nvidia-smi)), or V(null).
-              type: str
-              sample: nvml
-        sysfs_root:
-          description: The sysfs root that was read.
-          returned: always
-          type: str
-          sample: /sys
-        warnings:
-          description: Files that could not be used, and GPUs seen by only one of sysfs and the enrichment.
-          returned: always
-          type: list
-          elements: dict
-          contains:
-            path:
-              description: The file, the PCI address, or C(nvml:deviceN).
-              type: str
-              sample: "0000:17:00.0"
-            reason:
-              description: What went wrong.
-              type: str
-              sample: nvml did not report this GPU (another driver, a cgroup, or lost)
     numafleet_state_paths:
       description:
         - The entries of O(state_paths) that exist on the host (C(os.path.lexists); a dangling
@@ -827,6 +572,14 @@ ansible_facts:
           description: The recorded plan (the C(numafleet_plan) fact of the last apply); V(null) unless V(present).
           type: dict
           sample: {version: 1, host: gpu-a100-01, placements: []}
+        plan_sha256:
+          description:
+            - The sha256 hex digest of the plan file's bytes; V(null) when it is absent, or V(other)
+              or V(unreadable) as in RV(ansible_facts.numafleet_recorded.files).
+            - M(numafleet.tuning.host_apply) compares it, with RV(ansible_facts.numafleet_recorded.files),
+              against the host before it changes anything.
+          type: str
+          sample: 2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae
         files:
           description:
             - Every file the manifests list, and each manifest, as on the host, mapped to the
@@ -856,7 +609,10 @@ import sys
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import NumaTuneError
-from ansible_collections.numafleet.tuning.plugins.module_utils.numa.facts import gather_facts
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa.facts import (
+    STATE_FILES,
+    gather_facts,
+)
 
 
 def load_nvml() -> tuple:
@@ -880,16 +636,26 @@ def main() -> None:
             nvidia_smi_timeout=dict(type="int", default=30),
             state_paths=dict(type="list", elements="path", default=[]),
             recorded_root=dict(type="path"),
+            state_root=dict(type="str"),
+            reuse_cached=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
     )
+    params = dict(module.params)
+    params.pop("reuse_cached")  # decided on the controller (plugins/action/numa_facts.py)
+    root = params.pop("state_root")
+    if root is not None and root.startswith("/"):
+        base = root.rstrip("/")
+        params["state_paths"] = list(params["state_paths"]) + [base + path for path in STATE_FILES]
+        if params["recorded_root"] is None:
+            params["recorded_root"] = base or "/"
 
     def run(argv: list) -> tuple:
         return module.run_command(argv, environ_update={"LC_ALL": "C", "LANG": "C"})
 
     try:
         facts, written = gather_facts(
-            module.params, module.check_mode, run, module.get_bin_path, load_nvml
+            params, module.check_mode, run, module.get_bin_path, load_nvml
         )
     except NumaTuneError as exc:
         module.fail_json(msg=str(exc))

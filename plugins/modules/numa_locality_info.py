@@ -258,14 +258,14 @@ nodes:
           sample: 0.0099
 """
 
+import functools
 import time
 
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import NumaTuneError
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.locality import (
-    PERF_EVENTS,
-    measure,
+    measure_on_host,
 )
 
 
@@ -284,30 +284,9 @@ def main() -> None:
     params = module.params
     if params["window_s"] < 0:
         module.fail_json(msg=f"window_s={params['window_s']} must be 0 or more seconds")
-    perf = module.get_bin_path("perf") if params["perf"] == "auto" else None
-    timeout = module.get_bin_path("timeout")
-
-    def run_perf(cgroup, window_s):
-        argv = [timeout, str(int(window_s) + 30)] if timeout else []
-        argv += [perf, "stat", "-x", ",", "-e", ",".join(PERF_EVENTS), "-G", cgroup, "-a"]
-        argv += ["--", "sleep", str(window_s)]
-        rc, dummy, err = module.run_command(
-            argv, environ_update={"LC_ALL": "C", "LANG": "C"}, check_rc=False
-        )
-        return err if rc == 0 else None
-
-    reason = "perf is not installed" if params["perf"] == "auto" else "perf=never"
+    run = functools.partial(module.run_command, check_rc=False)
     try:
-        result = measure(
-            params["services"],
-            params["procfs_root"],
-            params["sysfs_root"],
-            params["cgroup_root"],
-            params["window_s"],
-            run_perf=run_perf if perf else None,
-            perf_reason=reason,
-            sleep=time.sleep,
-        )
+        result = measure_on_host(params["services"], params, run, module.get_bin_path, time.sleep)
     except NumaTuneError as exc:
         module.fail_json(msg=str(exc))
     module.exit_json(changed=False, **result)

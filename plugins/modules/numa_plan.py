@@ -194,23 +194,34 @@ options:
     description: C(nvidia-smi) as the MPS units name it (C(nvidia_mps_nvidia_smi_path)), for the rendering and the change plan.
     type: str
     default: /usr/bin/nvidia-smi
+  playbook:
+    description:
+      - Plan as that playbook of the collection does, from the host's own variables
+        (C(hostvars[inventory_hostname]); docs/host_variables.md lists them).
+      - Every option the task leaves out is read from its host variable (O(placements) from
+        C(numafleet_placements), O(restart) from C(numafleet_restart), ...), with the schema's
+        default, and O(hardening), O(unit_dir) and the C(mps_*) options from the role inputs the
+        apply would use (C(pinned_services_hardening), C(nvidia_mps_unit_dir), ...).
+      - V(site.yml) computes the change plan and refuses what it must (as O(changes=true),
+        O(refuse=true)); V(drift_check.yml) reports what site.yml would refuse (O(refuse=false));
+        V(verify.yml) makes the plan only.
+      - After the plan, it runs every input check of the playbook on the controller, so that a
+        bad input fails here, before the plan gate, naming the host variable or role input and
+        the fix. V(site.yml) and V(drift_check.yml) check everything M(numafleet.tuning.host_apply)
+        would be given (the same code shapes its arguments); V(drift_check.yml) adds the
+        measurement settings and C(numafleet_drift_fail); V(verify.yml) checks the render root
+        and the measurement settings.
+      - Unset (the default), the options are taken as given and nothing else is checked.
+    type: str
+    choices: [site.yml, drift_check.yml, verify.yml]
 extends_documentation_fragment:
   - action_common_attributes
   - action_common_attributes.conn
   - action_common_attributes.flow
   - action_common_attributes.facts
   - numafleet.tuning._attributes
+  - numafleet.tuning._attributes.controller_action
 attributes:
-  action:
-    support: full
-  async:
-    support: none
-  become:
-    support: none
-  bypass_host_loop:
-    support: none
-  connection:
-    support: none
   check_mode:
     support: full
     details: The same plan is computed in check mode.
@@ -234,6 +245,10 @@ seealso:
 """
 
 EXAMPLES = r"""
+- name: Plan as site.yml does, from the host variables, with every input check
+  numafleet.tuning.numa_plan:
+    playbook: site.yml
+
 - name: Gather NUMA topology
   numafleet.tuning.numa_facts:
 

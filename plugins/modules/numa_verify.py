@@ -86,17 +86,8 @@ extends_documentation_fragment:
   - action_common_attributes.conn
   - action_common_attributes.flow
   - numafleet.tuning._attributes
+  - numafleet.tuning._attributes.controller_action
 attributes:
-  action:
-    support: full
-  async:
-    support: none
-  become:
-    support: none
-  bypass_host_loop:
-    support: none
-  connection:
-    support: none
   check_mode:
     support: full
     details: The same checks are computed in check mode.

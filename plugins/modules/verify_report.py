@@ -70,17 +70,8 @@ extends_documentation_fragment:
   - action_common_attributes.conn
   - action_common_attributes.flow
   - numafleet.tuning._attributes
+  - numafleet.tuning._attributes.controller_action
 attributes:
-  action:
-    support: full
-  async:
-    support: none
-  become:
-    support: none
-  bypass_host_loop:
-    support: none
-  connection:
-    support: none
   check_mode:
     support: full
     details: The report is the output of the run and is written on the controller in check mode too.

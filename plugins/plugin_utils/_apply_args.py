@@ -1,9 +1,10 @@
 # Private to this collection: may change in any release.
 """The apply roles' inputs turned into the arguments of numafleet.tuning.host_apply, in Python.
 
-The port of the five apply roles' ``vars/main.yml`` (hugepages, numa_kernel, nvidia_mig,
-nvidia_mps, pinned_services), of ``playbooks/vars/roles.yml`` and of the measurement-settings
-check of ``playbooks/drift_check.yml``. Same values, same messages, same order:
+What the five apply roles' ``vars/main.yml`` (hugepages, numa_kernel, nvidia_mig, nvidia_mps,
+pinned_services) and the playbooks' ``vars/roles.yml`` computed before this module replaced them
+(issue 20), and the measurement-settings check of the playbooks. Same values, same messages,
+same order:
 
 - ``ROLE_DEFAULTS``: {role input: default}, equal to the roles' ``defaults/main.yml``.
 - ``site_inputs(host_vars)``: {role input: value} as site.yml / drift_check.yml compute them from
@@ -592,7 +593,7 @@ def build(host: str, inputs: Mapping, plan, facts: Mapping, layers=ALL_LAYERS) -
     problems: list = []
     running = []
     for layer in wanted:
-        _, check = _LAYERS[layer]
+        dummy, check = _LAYERS[layer]
         try:
             problems.extend(check(host, inp, plan, facts, out))
         except Exception as exc:  # never a traceback for a bad input shape
@@ -635,13 +636,7 @@ def measure_problems(host: str, host_vars: Mapping) -> list:
     window = host_vars.get("numafleet_verify_window_s", 5)
     perf = host_vars.get("numafleet_verify_perf", "auto")
     fail = host_vars.get("numafleet_drift_fail", True)
-    ok = (
-        re.match(r"^[0-9]+([.][0-9]+)?\Z", _text(window)) is not None
-        and float(_text(window)) <= 3600
-        and _hashable_in(perf, ("auto", "never"))
-        and _text(fail).lower() in ("true", "false", "yes", "no")
-    )
-    if ok:
+    if _measurement_ok(window, perf) and _text(fail).lower() in ("true", "false", "yes", "no"):
         return []
     return [
         f"host {host}: numafleet_verify_window_s is '{_text(window)}', numafleet_verify_perf is "
@@ -649,3 +644,59 @@ def measure_problems(host: str, host_vars: Mapping) -> list:
         "seconds from 0 to 3600 (e.g. 5; 0 = one sample), perf is auto or never, and "
         "numafleet_drift_fail is true or false."
     ]
+
+
+def _measurement_ok(window, perf) -> bool:
+    """numafleet_verify_window_s is 0 to 3600 seconds (digits[.digits]), perf auto or never."""
+    return (
+        re.match(r"^[0-9]+([.][0-9]+)?\Z", _text(window)) is not None
+        and float(_text(window)) <= 3600
+        and _hashable_in(perf, ("auto", "never"))
+    )
+
+
+def verify_problems(host: str, host_vars: Mapping) -> list:
+    """verify.yml's checks of the host variables: the render root and the measurement settings
+    (numafleet_verify_window_s, numafleet_verify_perf); [] when they are right."""
+    host_vars = host_vars if isinstance(host_vars, Mapping) else {}
+    problems = []
+    root = host_vars.get("numafleet_render_root")
+    if root is not None and not _root_ok(root):
+        problems.append(
+            f"host {host}: numafleet_render_root is '{_text(root)}'; render mode needs an "
+            "absolute directory other than /. To verify the host itself, leave it unset (null)."
+        )
+    window = host_vars.get("numafleet_verify_window_s", 5)
+    perf = host_vars.get("numafleet_verify_perf", "auto")
+    if not _measurement_ok(window, perf):
+        problems.append(
+            f"host {host}: numafleet_verify_window_s is '{_text(window)}' and "
+            f"numafleet_verify_perf is '{_text(perf)}'; the window is a number of seconds from 0 "
+            "to 3600 (e.g. 5; 0 = one sample) and perf is auto or never."
+        )
+    return problems
+
+
+def name_host_variables(problems: list) -> list:
+    """problems as site.yml and drift_check.yml report them: a message that names a role input
+    but not the host variable it comes from there (hugepages_mounts[0], not
+    numafleet_hugepages_mounts) gets that host variable named, so that the fix is where the user
+    writes it. The role's own runs keep the role-input names alone."""
+    sources = {
+        role_input: var
+        for role_input, var in role_input_sources().items()
+        if role_input not in PLAN_INPUTS
+    }
+    named = []
+    for text in problems:
+        missing = sorted(
+            {
+                var
+                for role_input, var in sources.items()
+                if var not in text and re.search(rf"(?<![\w.]){re.escape(role_input)}(?!\w)", text)
+            }
+        )
+        if missing:
+            text = f"{text} Under site.yml and drift_check.yml set it with {' and '.join(missing)}."
+        named.append(text)
+    return named

@@ -10,8 +10,9 @@ plain Python data to the pure core in ``module_utils/numa``.
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Mapping
 
-from ansible.errors import AnsibleActionFail
+from ansible.errors import AnsibleActionFail, AnsibleError
 from ansible.plugins.action import ActionBase
 
 
@@ -69,3 +70,42 @@ def escape_controls(text: str) -> str:
         else:
             out.append(char)
     return "".join(out)
+
+
+class HostVariables(Mapping):
+    """Read-only view of one host's variables (``hostvars[host]``), each value plain and templated.
+
+    The host's own variables only: inventory, extra vars and facts, never a play's vars or a
+    role's defaults. ``get(name, default)`` returns default when the variable is not set or when
+    it refers to a variable the host does not have (it is then the playbook's to template).
+    """
+
+    def __init__(self, task_vars: dict, host: str):
+        self._variables = (task_vars.get("hostvars") or {}).get(host) or {}
+        self._cache: dict = {}
+
+    def __contains__(self, key) -> bool:
+        return key in self._variables
+
+    def __iter__(self):
+        return iter(list(self._variables))
+
+    def __len__(self) -> int:
+        return len(self._variables)
+
+    def get(self, key: str, default=None):
+        if key in self._cache:
+            return self._cache[key]
+        if key not in self._variables:
+            return default
+        try:
+            value = plain(self._variables[key])
+        except AnsibleError:
+            return default
+        self._cache[key] = value
+        return value
+
+    def __getitem__(self, key: str):
+        if key not in self._variables:
+            raise KeyError(key)
+        return self.get(key)

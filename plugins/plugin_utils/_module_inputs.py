@@ -10,8 +10,9 @@ renderer refuses is refused before the gate, in a message that names the host an
 (and the host variable site.yml sets it from). A rule added to a core check or renderer is so
 refused before the gate without a change here.
 
-Used by the filter ``numafleet.tuning.module_input_problems`` (the roles' input checks,
-``vars/main.yml`` of each apply role) and by ``tests/security``. Controller side only.
+Used by ``plugin_utils/_apply_args.py`` (the apply's input checks, which numa_plan runs before
+site.yml's plan gate and the host_apply action before its module is sent), by the filter
+``numafleet.tuning.module_input_problems`` and by ``tests/security``. Controller side only.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors impor
 from ansible_collections.numafleet.tuning.plugins.plugin_utils._controller import escape_controls
 
 FIX = "Fix the variable; nothing was changed."
-# The module option, for each apply module, -> (role input, host variable of playbooks/vars/roles.yml
-# or "" when playbooks do not map it). An option left out is set by the role itself.
+# The module option, for each apply module, -> (role input, host variable site.yml reads for it
+# (_apply_args.site_inputs), or "" when the playbooks do not map it). An option left out is set by
+# _apply_args.build itself.
 NAMES = {
     "numa_hugepages": {
         "pools": ("hugepages_plan", ""),

@@ -7,8 +7,8 @@ case goes through:
 1. the controller's input pass, as site.yml runs it before the plan gate: the action
    ``numafleet.tuning.host_vars_check``, the action ``numafleet.tuning.numa_plan`` (changes: true,
    which renders the units and MPS files), and the roles' module checks
-   (``plugin_utils/_module_inputs.py``, the filter ``numafleet.tuning.module_input_problems`` of
-   the roles' ``vars/main.yml``);
+   (``plugin_utils/_module_inputs.py``, which ``plugin_utils/_apply_args.py`` runs for numa_plan
+   and the host_apply action);
 2. when the pass accepts it: every apply module of site.yml, run in-process in check mode and
    render mode (pinned_units, nvidia_mps, numa_hugepages, numa_kernel, nvidia_mig), as the roles'
    apply tasks call them;
@@ -40,7 +40,8 @@ from ansible_collections.numafleet.tuning.plugins.action.host_vars_check import 
     ActionModule as HostVarsCheck,
 )
 from ansible_collections.numafleet.tuning.plugins.action.numa_plan import ActionModule as NumaPlan
-from ansible_collections.numafleet.tuning.plugins.plugin_utils import _host_vars, _module_inputs
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import layers
+from ansible_collections.numafleet.tuning.plugins.plugin_utils import _apply_args, _host_vars
 
 HOST = "inj-01"
 UNIT_DIR = "/etc/systemd/system"
@@ -393,132 +394,56 @@ class Env:
 
 
 def controller_pass(env: Env, hostvars: dict) -> tuple:
-    """(message or None, plan or None, module args) of site.yml's pre-tasks for the host."""
+    """(message or None, plan or None, module args) of site.yml's plan play for the host.
+
+    The same actions site.yml runs: host_vars_check, then numa_plan with ``playbook: site.yml``
+    (the plan and every input check of the apply, _apply_args.build); the module arguments are
+    what the host_apply action derives from the same host variables.
+    """
     task_vars = {"inventory_hostname": HOST, "ansible_facts": {}, "hostvars": {HOST: hostvars}}
     result = _action(
         HostVarsCheck, "numafleet.tuning.host_vars_check", {"playbook": "site.yml"}, task_vars
     )
     if result.get("failed"):
         return result["msg"], None, None
-    args = {
-        "placements": var(hostvars, "numafleet_placements"),
-        "tenants": var(hostvars, "numafleet_tenants"),
-        "reserved_cpus": var(hostvars, "numafleet_reserved_cpus"),
-        "memory_headroom_pct": var(hostvars, "numafleet_memory_headroom_pct"),
-        "hugepages_extra": var(hostvars, "numafleet_hugepages_extra"),
-        "mig_gpus": var(hostvars, "numafleet_mig_gpus"),
-        "changes": True,
-        "restart": var(hostvars, "numafleet_restart"),
-        "max_removals": 2,
-        "hardening": var(hostvars, "pinned_services_hardening"),
-        "unit_dir": var(hostvars, "pinned_services_unit_dir"),
-        "mps_unit_dir": var(hostvars, "nvidia_mps_unit_dir"),
-        "mps_control_path": var(hostvars, "nvidia_mps_control_path"),
-        "mps_nvidia_smi_path": var(hostvars, "nvidia_mps_nvidia_smi_path"),
+    facts = copy.deepcopy(env.facts)
+    task_vars = {
+        "inventory_hostname": HOST,
+        "ansible_facts": facts,
+        "hostvars": {HOST: dict(hostvars, ansible_facts=facts)},
     }
-    task_vars = {"inventory_hostname": HOST, "ansible_facts": copy.deepcopy(env.facts)}
-    result = _action(NumaPlan, "numafleet.tuning.numa_plan", args, task_vars)
+    result = _action(NumaPlan, "numafleet.tuning.numa_plan", {"playbook": "site.yml"}, task_vars)
     if result.get("failed"):
         return result["msg"], None, None
     plan = result["ansible_facts"]["numafleet_plan"]
-    modules = module_args(env, hostvars, plan)
-    problems = []
-    for module, margs in modules.items():
-        problems += _module_inputs.problems(module, margs, HOST, env.facts["numa"])
-    if problems:
-        return " ".join(problems), plan, modules
-    return None, plan, modules
+    return None, plan, module_args(env, hostvars, plan)
 
 
-_SIZES = {"2M": 2048, "1G": 1048576}
-
-
-def _size_kb(size):
-    """The role's size_names lookup (2M -> 2048), any other value as it is."""
-    return _SIZES.get(size, size) if isinstance(size, str) else size
-
-
-def _int(value) -> int:
-    """Jinja's int filter on a string or a bool (True -> 1)."""
-    return int(value) if isinstance(value, bool) else int(str(value))
+# The module of each layer of host_apply (the later layers run each module in check mode).
+MODULE_OF = {
+    "hugepages": "numa_hugepages",
+    "kernel": "numa_kernel",
+    "mig": "nvidia_mig",
+    "mps": "nvidia_mps",
+    "units": "pinned_units",
+}
 
 
 def module_args(env: Env, hostvars: dict, plan: dict) -> dict:
-    """The arguments each apply role passes its module (roles/*/vars/main.yml, tasks/apply.yml)."""
-    render = var(hostvars, "numafleet_render_root")
-    root = render if render is not None else "/"
-    pools = [
-        {"node": node["id"], "size_kb": pool["size_kb"], "count": pool["count"]}
-        for node in plan["nodes"]
-        for pool in node.get("hugepages") or []
-    ]
-    mounts = []
-    for mount in var(hostvars, "numafleet_hugepages_mounts"):
-        entry = {"path": mount["path"], "size_kb": _size_kb(mount["size"])}
-        for key in ("mode", "group"):
-            if mount.get(key) is not None:
-                entry[key] = str(mount[key])
-        mounts.append(entry)
-    numa = env.facts["numa"]
-
-    def knob(name, convert=str):
-        value = var(hostvars, name)
-        return None if str(value) == "leave" else convert(value)
-
-    balancing = var(hostvars, "numafleet_numa_balancing")
-    banned = str(var(hostvars, "numafleet_irqbalance_banned"))
-    auto_banned = ",".join(str(c) for c in numa["cpus"]["isolated"] + numa["cpus"]["nohz_full"])
-    thp = {
-        name: (None if numa["kernel"][name] is None else knob(f"numafleet_{name}"))
-        for name in ("thp_enabled", "thp_defrag")
-    }
-    return {
-        "numa_hugepages": {
-            "pools": pools,
-            "boot_reserve_sizes_kb": [
-                _size_kb(s) for s in var(hostvars, "numafleet_hugepages_boot_reserve")
-            ],
-            "bootloader": var(hostvars, "numafleet_hugepages_bootloader"),
-            "mounts": mounts,
-            "root": root,
-        },
-        "numa_kernel": {
-            "numa_balancing": None
-            if str(balancing) == "leave"
-            else (
-                (0 if plan["placements"] else None) if str(balancing) == "auto" else _int(balancing)
-            ),
-            "zone_reclaim_mode": knob("numafleet_zone_reclaim_mode", _int),
-            **thp,
-            "numad": var(hostvars, "numafleet_numad"),
-            "irqbalance_banned_cpus": None
-            if banned in ("leave", "")
-            else ((auto_banned or None) if banned == "auto" else banned),
-            "irq_affinity": [],
-            "root": root,
-        },
-        "nvidia_mig": {
-            "gpus": plan["mig_gpus"],
-            "backend": var(hostvars, "numafleet_mig_backend"),
-            "mig_parted_config": var(hostvars, "numafleet_mig_parted_config"),
-            "root": root,
-        },
-        "nvidia_mps": {
-            "plan": plan,
-            "root": root,
-            "unit_dir": var(hostvars, "nvidia_mps_unit_dir"),
-            "manifest_path": var(hostvars, "nvidia_mps_manifest_path"),
-            "nvidia_cuda_mps_control": var(hostvars, "nvidia_mps_control_path"),
-            "nvidia_smi": var(hostvars, "nvidia_mps_nvidia_smi_path"),
-        },
-        "pinned_units": {
-            "plan": plan,
-            "root": root,
-            "unit_dir": var(hostvars, "pinned_services_unit_dir"),
-            "manifest_path": var(hostvars, "pinned_services_manifest_path"),
-            "hardening": var(hostvars, "pinned_services_hardening"),
-        },
-    }
+    """The arguments each apply module gets: host_apply's layer options as the host_apply action
+    builds them (_apply_args.build on site_inputs), plus what host_apply supplies per layer
+    (layers.supplied_params: pools, gpus, owned units, the plan, root, service_manager)."""
+    applied = _apply_args.build(HOST, _apply_args.site_inputs(hostvars), plan, env.facts)
+    options = applied.module_args
+    modules = {}
+    for layer, module in MODULE_OF.items():
+        args = dict(options.get(layer) or {})
+        args.update(
+            layers.supplied_params(layer, plan, options["root"], options["service_manager"])
+        )
+        args.pop("service_manager", None)  # later_layers sets it (none: the matrix only reads)
+        modules[module] = args
+    return modules
 
 
 def run_module(name: str, args: dict) -> dict:

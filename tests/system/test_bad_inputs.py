@@ -21,10 +21,9 @@ CASES_DIR = REPO / "tests" / "bad_inputs"
 CASES = sorted(CASES_DIR.glob("*.yml"))
 PLAN_TASK = "Plan placements"
 # The host variables against the collection's schema (numafleet.tuning.host_vars_check: unknown
-# names, role inputs site.yml sets itself, types) and the roles' own input checks:
-# playbooks/tasks/check_inputs.yml.
+# names, role inputs site.yml reads from a host variable instead, types). The apply's own input
+# checks run in the plan task (numa_plan with playbook: site.yml).
 HOST_VARS_TASK = "Check the host variables"
-INPUTS_TASK = "Check the role inputs"
 GATE_TASK = "Stop before changing any host when a plan failed"
 HOST_PREFIX = "bad-"
 # A host with valid (empty) placements in the same run: the gate after the plan must stop it too,
@@ -164,10 +163,10 @@ def test_case_fails_at_the_plan_with_its_message(bad_run, path):
     host = _load(path)["host"]
     case = bad_run["cases"][host]
     run = bad_run["run"]
-    # Every input fails at the plan or at the input checks just after it, before the gate.
+    # Every input fails at the host-variable check or at the plan, before the gate.
     failed = [r for r in run.results(host) if r["status"] == "failed"]
     (result,) = failed
-    assert result["task"] in (PLAN_TASK, HOST_VARS_TASK, INPUTS_TASK), result
+    assert result["task"] in (PLAN_TASK, HOST_VARS_TASK), result
     msg = result["msg"]
     assert msg.startswith(f"host {host}: "), msg
     for fragment in case["expect"]:

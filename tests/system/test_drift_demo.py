@@ -307,7 +307,7 @@ def test_bad_measurement_setting_fails_with_the_roles_inputs(fleet):
     )
     assert run.rc != 0, run.explain()
     (failed,) = [r for r in run.results(CONTROL) if r["status"] == "failed"]
-    assert failed["task"] == "Check the role inputs", failed
+    assert failed["task"] == "Plan placements", failed
     assert failed["msg"].startswith(f"host {CONTROL}: numafleet_verify_window_s is '5'"), failed
     assert "numafleet_drift_fail is 'maybe'" in failed["msg"]
     assert "numafleet_drift_fail is true or false." in failed["msg"]
@@ -315,6 +315,6 @@ def test_bad_measurement_setting_fails_with_the_roles_inputs(fleet):
     run = ansible_playbook(
         PLAYBOOK, inventory, "--limit", CONTROL, "-e", "numafleet_verify_window_s=0.5", env=env
     )
-    assert "Check the role inputs" not in [
+    assert "Plan placements" not in [
         r["task"] for r in run.results(CONTROL) if r["status"] == "failed"
     ], run.explain()

@@ -6,8 +6,9 @@ import yaml
 from system_helpers import ansible_playbook, tree_digest
 
 ROLE = "numafleet.tuning.pinned_services : "
-# Every input check of the role is one task; the message is that of the check that failed.
-CHECK_TASK = "Check the role inputs"
+# The role's one task checks every input on the controller before the module is sent; the
+# message is that of the checks that failed.
+CHECK_TASK = "Apply the pinned units and tenant slices"
 
 
 def _plan(host):
@@ -197,7 +198,7 @@ def test_hugepages_entry_checks(tmp_path, ansible_ready):
     assert run.doc, run.explain()
     for host, (dummy, fragments) in HUGEPAGES_CASES.items():
         result = run.results(host)[-1]
-        task = "numafleet.tuning.hugepages : " + CHECK_TASK
+        task = "numafleet.tuning.hugepages : Apply the hugepage pools"
         assert result["task"] == task and result["status"] == "failed", (host, result)
         for fragment in fragments:
             assert fragment in result["msg"], (host, fragment, result["msg"])

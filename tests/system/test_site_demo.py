@@ -18,15 +18,10 @@ import yaml
 from system_helpers import REPO, Run, ansible_playbook, read_tree, tree_digest
 
 UNITS = "etc/systemd/system"
-ROLE = "numafleet.tuning.pinned_services : "
-APPLY_TASK = ROLE + "Write pinned units, drop-ins and tenant slices"
+APPLY_TASK = "Apply the placements"
 SUMMARY_TASK = "Print the plan summary"
-WOULD_RUN_TASK = ROLE + "Report what the service manager would run (render mode)"
-MIG_TASK = "numafleet.tuning.nvidia_mig : Apply the MIG layouts"
-MIG_WOULD_RUN_TASK = "numafleet.tuning.nvidia_mig : Report what would run (render mode)"
-MPS_WOULD_RUN_TASK = (
-    "numafleet.tuning.nvidia_mps : Report what the service manager would run (render mode)"
-)
+WOULD_RUN_TASK = "Report what would run (render mode)"
+LAYERS = ["hugepages", "kernel", "mig", "mps", "units"]
 MIG_GPU = "0000:17:00.0"
 MIG_DEVICE_2G = "MIG-4d5fc52b-3870-57b6-a399-78174c05bf0a"  # the kept 2g.20gb at slice 0
 MPS_GPU = "GPU-fdb5df64-11ce-5c72-a560-9702875cecd6"  # 0000:31:00.0, shared by two rerankers
@@ -72,17 +67,13 @@ def test_first_run_succeeds_on_every_host(fleet):
     assert sorted(run.stats) == fleet.hosts, run.explain()
     for host, stats in run.stats.items():
         assert stats["failures"] == 0 and stats["unreachable"] == 0, (host, stats)
-    # One changed task per apply role: pools, kernel knobs, MIG files, MPS units, pinned units
-    # (handlers only print in render mode).
-    assert run.stats["gpu-a100-01"]["changed"] == 5, run.explain()
+    # One changed task, the apply, whose five layers all changed something: pools, kernel
+    # knobs, MIG files, MPS units, pinned units.
+    assert run.stats["gpu-a100-01"]["changed"] == 1, run.explain()
     applied = [r["action"] for r in run.results("gpu-a100-01") if r.get("changed")]
-    assert sorted(applied) == [
-        "numafleet.tuning.numa_hugepages",
-        "numafleet.tuning.numa_kernel",
-        "numafleet.tuning.nvidia_mig",
-        "numafleet.tuning.nvidia_mps",
-        "numafleet.tuning.pinned_units",
-    ], applied
+    assert applied == ["numafleet.tuning.host_apply"], applied
+    layers = run.one("gpu-a100-01", APPLY_TASK)["layers"]
+    assert [name for name in LAYERS if layers[name]["changed"]] == LAYERS, layers
 
 
 def test_second_run_changes_nothing(fleet):
@@ -90,9 +81,10 @@ def test_second_run_changes_nothing(fleet):
     assert run.rc == 0, run.explain()
     changed = {host: stats["changed"] for host, stats in run.stats.items()}
     assert changed == dict.fromkeys(fleet.hosts, 0), changed
-    assert run.results(task=WOULD_RUN_TASK) == [] or all(
-        r["status"] == "skipped" for r in run.results(task=WOULD_RUN_TASK)
-    )
+    # Only the recorded MIG GPU's actions are still named (render mode never changes it).
+    for result in run.results(task=WOULD_RUN_TASK):
+        lines = result.get("msg") or []
+        assert not [line for line in lines if "systemctl" in line], (result["host"], lines)
 
 
 # Actions that run on the controller only (cheap); everything else is a module sent to the host.
@@ -108,11 +100,11 @@ CONTROLLER_SIDE = {
 
 
 def test_modules_run_once_per_role_per_host(fleet):
-    """Fleet cost: one facts module and one module per apply role; the rest stays on the controller.
+    """Fleet cost: one facts module and one apply module; the rest stays on the controller.
 
-    The GPU roles send their module only to hosts with something to do: nvidia_mig where a GPU is
-    in MIG mode or a layout is declared (or an earlier run recorded one), nvidia_mps where MPS
-    daemons are planned (or an earlier run installed some). This fresh fleet has no earlier state.
+    The GPU layers run only on hosts with something to do: MIG where a GPU is in MIG mode or a
+    layout is declared (or an earlier run recorded one), MPS where MPS daemons are planned (or an
+    earlier run installed some). This fresh fleet has no earlier state.
     """
     with_gpu_roles = {}
     for host in fleet.hosts:
@@ -126,29 +118,25 @@ def test_modules_run_once_per_role_per_host(fleet):
             in ((g.get("mig") or {}).get("mode_current"), (g.get("mig") or {}).get("mode_pending"))
             for g in gpus
         )
-        gpu_modules = []
+        gpu_layers = []
         if in_mig or declared.get("numafleet_mig_gpus"):
-            gpu_modules.append("numafleet.tuning.nvidia_mig")
+            gpu_layers.append("mig")
         if any("mps" in p for p in declared.get("numafleet_placements", [])):
-            gpu_modules.append("numafleet.tuning.nvidia_mps")
-        with_gpu_roles[host] = gpu_modules
+            gpu_layers.append("mps")
+        with_gpu_roles[host] = gpu_layers
         ran = [r["action"] for r in fleet.first.results(host) if r["status"] != "skipped"]
         remote = sorted(a for a in ran if a not in CONTROLLER_SIDE)
-        assert remote == sorted(
-            [
-                "numafleet.tuning.numa_facts",
-                "numafleet.tuning.numa_hugepages",
-                "numafleet.tuning.numa_kernel",
-                "numafleet.tuning.pinned_units",
-            ]
-            + gpu_modules
-        ), (host, ran)
+        assert remote == ["numafleet.tuning.host_apply", "numafleet.tuning.numa_facts"], (
+            host,
+            ran,
+        )
+        layers = fleet.first.one(host, APPLY_TASK)["layers"]
+        assert list(layers) == [
+            name for name in LAYERS if name not in ("mig", "mps") or name in gpu_layers
+        ], (host, list(layers))
     # The demo fleet has both kinds: the MIG and MPS server gets the GPU modules, the others not
     # (gpu-h100-01 has MIG-capable GPUs, none in MIG mode and no layout declared).
-    assert with_gpu_roles["gpu-a100-01"] == [
-        "numafleet.tuning.nvidia_mig",
-        "numafleet.tuning.nvidia_mps",
-    ]
+    assert with_gpu_roles["gpu-a100-01"] == ["mig", "mps"]
     assert with_gpu_roles["gpu-h100-01"] == [] and with_gpu_roles["qemu-2node-01"] == []
 
 
@@ -377,13 +365,13 @@ def test_check_diff_shows_unit_diffs_and_writes_nothing(fleet):
     changed = sorted(host for host, stats in run.stats.items() if stats["changed"])
     assert changed == ["gh200-01", "gpu-a100-01"], run.stats
 
-    a100 = json.dumps(run.one("gpu-a100-01", APPLY_TASK)["diff"])
+    a100 = json.dumps(run.one("gpu-a100-01", APPLY_TASK)["layers"]["units"]["diff"])
     assert "CPUAffinity=32-39,96-103" in a100 and re.search(r"CPUAffinity=32-4\d,96-10\d", a100)
     assert "numafleet-llm-70b.service" in a100
-    gh200 = json.dumps(run.one("gh200-01", APPLY_TASK)["diff"])
+    gh200 = json.dumps(run.one("gh200-01", APPLY_TASK)["layers"]["units"]["diff"])
     assert "tritonserver.service.d/50-numafleet.conf" in gh200 and "CPUAffinity=2-33" in gh200
     # The GI/CI diff of the MIG GPU against its recorded state (files unchanged: not a change).
-    mig = run.one("gpu-a100-01", MIG_TASK)
+    mig = run.one("gpu-a100-01", APPLY_TASK)["layers"]["mig"]
     (gpu_diff,) = [d for d in mig["diff"] if d["before_header"] == f"GPU {MIG_GPU}"]
     assert "2g.20gb@2" in gpu_diff["before"] and "2g.20gb@2" not in gpu_diff["after"]
     assert "1g.10gb@2" in gpu_diff["after"] and "1g.10gb@3" in gpu_diff["after"]
@@ -437,8 +425,13 @@ def test_mig_layout_is_recorded_for_boot_and_mig_parted(fleet):
         assert not [path for path in fleet.rendered[host] if "mig" in path], host
 
 
+def _mig_lines(lines: list) -> list:
+    """The MIG layer's part of the apply's would-run lines."""
+    return [line for line in lines if "nvidia-smi mig" in line or "numafleet-mig" in line]
+
+
 def test_mig_changes_are_reported_not_run_in_render_mode(fleet):
-    msg = fleet.first.one("gpu-a100-01", MIG_WOULD_RUN_TASK)["msg"]
+    msg = _mig_lines(fleet.first.one("gpu-a100-01", WOULD_RUN_TASK)["msg"])
     # GI 4 (the 2g.20gb at slice 2) goes, CIs first; two 1g.10gb (profile 19 on A100 80GB) come.
     assert msg[:6] == [
         f"would run: nvidia-smi mig -i {MIG_GPU} -dci -gi 4 -ci 0",
@@ -451,7 +444,7 @@ def test_mig_changes_are_reported_not_run_in_render_mode(fleet):
     assert "would run: systemctl enable numafleet-mig.service" in msg
     # The recorded GPU never changes, so the second run still names the GPU actions, changing
     # nothing (changed=0 is asserted for every host above).
-    second = fleet.second.one("gpu-a100-01", MIG_WOULD_RUN_TASK)["msg"]
+    second = _mig_lines(fleet.second.one("gpu-a100-01", WOULD_RUN_TASK)["msg"])
     assert second == msg[:6]
 
 
@@ -480,7 +473,7 @@ def test_mps_daemons_are_rendered_with_their_clients(fleet):
     assert f"After=nvidia-mps@{MIG_DEVICE_2G}.service" in client
     assert "After=numafleet-mig.service" in client
     assert f'Environment="CUDA_VISIBLE_DEVICES={MIG_DEVICE_2G}"' in client
-    msg = fleet.first.one("gpu-a100-01", MPS_WOULD_RUN_TASK)["msg"]
+    msg = fleet.first.one("gpu-a100-01", WOULD_RUN_TASK)["msg"]
     assert f"would run: systemctl enable --now nvidia-mps@{MPS_GPU}.service" in msg
 
 

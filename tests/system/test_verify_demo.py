@@ -98,18 +98,17 @@ CONTROLLER_SIDE = {
 
 
 def test_render_mode_sends_two_modules_per_host(fleet):
-    """Facts (one module) + pinned_units in check mode; numa_locality_info is skipped in render mode."""
+    """Facts (one module) + host_apply: the units layer in check mode (nothing is measured in
+    render mode, where nothing runs)."""
     for host in fleet.hosts:
         ran = [r["action"] for r in fleet.verify.results(host) if r["status"] != "skipped"]
         remote = sorted(a for a in ran if a not in CONTROLLER_SIDE)
-        assert remote == [
-            "numafleet.tuning.numa_facts",
-            "numafleet.tuning.pinned_units",
-        ], (host, ran)
-        (measure,) = [
-            r for r in fleet.verify.results(host) if r["action"].endswith("numa_locality_info")
-        ]
-        assert measure["status"] == "skipped"
+        assert remote == ["numafleet.tuning.host_apply", "numafleet.tuning.numa_facts"], (
+            host,
+            ran,
+        )
+        (apply,) = [r for r in fleet.verify.results(host) if r["action"].endswith("host_apply")]
+        assert list(apply["layers"]) == ["units"] and not apply["changed"], (host, apply)
 
 
 def test_one_summary_line_per_host(fleet):

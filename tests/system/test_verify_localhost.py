@@ -1,7 +1,7 @@
 """playbooks/verify.yml against this machine itself (no render root): the live path runs.
 
 This host has no placements, so the plan is empty and nothing is measured per service, but the
-facts, the check-mode comparison of units under /, numa_locality_info on the live /sys and /proc,
+facts, the check-mode comparison of units under /, the measurement on the live /sys and /proc (one host_apply run),
 the node checks and the report all run for real, and nothing on the host changes.
 """
 
@@ -41,8 +41,8 @@ def test_verify_runs_on_localhost(tmp_path, inventory):
     )
     assert run.rc == 0, run.explain()
     assert run.stats["localhost"]["changed"] == 0, run.stats
-    measure = run.one("localhost", "Measure the planned services")
-    assert not measure.get("skipped"), measure
+    measure = run.one("localhost", "Compare the units and measure the planned services")
+    assert not measure.get("skipped") and list(measure["layers"]) == ["units"], measure
     summary = run.one("localhost", SUMMARY_TASK)["msg"]
     assert summary.startswith("localhost: ") and " 0 failed" in summary, summary
 
@@ -100,5 +100,5 @@ def test_bad_measurement_settings_name_host_and_variable(tmp_path, inventory):
         "numafleet_verify_window_s=-1",
     )
     assert run.rc != 0, run.explain()
-    message = run.one("localhost", "Check the measurement settings")["msg"]
+    message = run.one("localhost", "Plan placements")["msg"]
     assert message.startswith("host localhost: numafleet_verify_window_s is '-1'"), message

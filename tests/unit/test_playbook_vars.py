@@ -1,22 +1,24 @@
-"""The schema of the host variables, playbooks/vars/roles.yml, the playbooks and the roles agree.
+"""The schema of the host variables, the Python that reads them, the playbooks and the roles agree.
 
-site.yml and drift_check.yml skip the roles' own argument and input checks (tasks_from: apply,
-rolespec_validate: false) because playbooks/tasks/check_inputs.yml checks everything first: the
-host variables against the schema (plugins/plugin_utils/_host_vars.py, numafleet.tuning.
-host_vars_check), then the roles' own input checks. That only holds while
+site.yml and drift_check.yml hand the host variables to the apply in Python: numa_plan (option
+playbook) checks every input of the apply before the gate, and host_apply shapes the module's
+arguments with the same code (plugin_utils/_apply_args.py site_inputs and build,
+_plan_inputs.py). No play variable stands between the inventory and them. That only holds while
 
-- every role option is handed over by roles.yml (from the host variable the schema names, with
+- every role option is handed over by site_inputs (from the host variable the schema names, with
   the schema's default), left to the inventory (the schema's INVENTORY_ROLE_INPUTS), or the plan;
 - the schema's type, choices, default and keys of each host variable are those of the role
   inputs it feeds (meta/argument_specs.yml);
-- every numafleet_* variable a playbook, a role or an inventory of the repository reads is in the
-  schema, with that playbook among its readers, so that the check never calls it unknown;
+- every numafleet_* variable a playbook, the Python it runs, a role or an inventory of the
+  repository reads is in the schema, with that playbook among its readers, so that the check
+  never calls it unknown;
 - the schema's keys of the plan's variables are the planner's (placements.py) and its defaults
   are those of numa_plan and numa_verify.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -30,22 +32,29 @@ from ansible_collections.numafleet.tuning.plugins.module_utils.numa import place
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.verify import (
     DEFAULT_THRESHOLDS,
 )
+from ansible_collections.numafleet.tuning.plugins.plugin_utils import _apply_args, _plan_inputs
 from ansible_collections.numafleet.tuning.plugins.plugin_utils import _host_vars as schema
 
 REPO = Path(__file__).resolve().parents[2]
 PLAYBOOKS = REPO / "playbooks"
 ROLES = ["hugepages", "numa_kernel", "nvidia_mig", "nvidia_mps", "pinned_services"]
-ROLE_VARS = yaml.safe_load((PLAYBOOKS / "vars" / "roles.yml").read_text(encoding="utf-8"))
 SOURCES = schema.role_input_sources()
-HOST_VAR = re.compile(r"\{\{\s*(numafleet_\w+)\b")
 # A numafleet_* name that is read: not an attribute (ansible_facts.numafleet_plan), not internal
 # (__numafleet_site_plan), not a file name (numafleet_drift.prom).
 READ = re.compile(r"(?<![\w.])numafleet_[a-z0-9_]+(?![a-z0-9_])(?!\.(?:prom|json|ya?ml|py)\b)")
 DEFAULT = re.compile(r"(?<![\w.])(numafleet_\w+)\s*\|\s*default\(([^()]*)\)")
-# Files each playbook reads host variables through, besides itself.
-SHARED = {
-    schema.SITE: ["vars/roles.yml", "tasks/check_inputs.yml"],
-    schema.DRIFT: ["vars/roles.yml", "tasks/check_inputs.yml"],
+# The host variables each playbook's tasks read in Python (numa_plan with playbook:, host_apply).
+_APPLY_READS = set(SOURCES.values()) | set(_plan_inputs.PLAN_VARIABLES.values())
+_MEASURE_READS = {name for name, dummy in _plan_inputs.MEASURE_VARIABLES.values()}
+PYTHON_READS = {
+    schema.SITE: _APPLY_READS | set(_plan_inputs.TOPOLOGY_VARIABLES.values()),
+    schema.DRIFT: _APPLY_READS | _MEASURE_READS | {"numafleet_drift_fail"},
+    # The plan (not its change plan: restart and the removal guard do not matter there), the
+    # units layer in check mode and the measurement.
+    schema.VERIFY: set(_plan_inputs.PLAN_VARIABLES.values())
+    - {"numafleet_restart", "numafleet_max_removals", "numafleet_allow_removals"}
+    | _MEASURE_READS
+    | {"numafleet_render_root", "numafleet_gpu_snapshot"},
 }
 
 
@@ -94,44 +103,39 @@ def _literal(text: str):
     return ...
 
 
-# -- roles.yml and the roles ---------------------------------------------------------------------
+# -- site_inputs and the roles --------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("role", ROLES)
 def test_every_role_option_is_handed_over_left_to_the_inventory_or_the_plan(role):
     options = set(_options(role))
-    handed = {name for name in ROLE_VARS if name.startswith(role + "_")}
-    assert handed <= options, handed - options
+    handed = {name for name in _apply_args.site_inputs({}) if name.startswith(role + "_")}
+    handed_from_host_vars = {name for name in handed if name in SOURCES}
     left = {name for name in options if name in schema.INVENTORY_ROLE_INPUTS}
-    assert options - handed == left, options - handed
-    assert f"{role}_plan" in handed and f"{role}_plan" in schema.PLAN_INPUTS
+    assert handed == options - {f"{role}_plan"}, options ^ handed
+    assert handed_from_host_vars | left == handed, handed - handed_from_host_vars - left
+    assert f"{role}_plan" in schema.PLAN_INPUTS
 
 
 def test_the_inputs_left_to_the_inventory_are_role_options():
     assert set(schema.INVENTORY_ROLE_INPUTS) <= set(ALL_OPTIONS)
-    assert not set(schema.INVENTORY_ROLE_INPUTS) & set(ROLE_VARS)
-
-
-def test_every_plan_input_is_the_plan_fact():
-    plans = {name: value for name, value in ROLE_VARS.items() if name.endswith("_plan")}
-    assert sorted(plans) == sorted(schema.PLAN_INPUTS)
-    assert set(plans.values()) == {"{{ ansible_facts.numafleet_plan }}"}
-
-
-def test_roles_yml_hands_each_input_the_host_variable_the_schema_names():
-    templated = {
-        name: HOST_VAR.search(value).group(1)
-        for name, value in ROLE_VARS.items()
-        if not name.startswith("__") and name not in schema.PLAN_INPUTS
-    }
-    assert templated == SOURCES
-    assert not [name for name in ROLE_VARS if name.startswith("__")], "no tables in roles.yml"
+    assert not set(schema.INVENTORY_ROLE_INPUTS) & set(SOURCES)
+    # site.yml reads them from the host as they are.
+    for name in schema.INVENTORY_ROLE_INPUTS:
+        assert _apply_args.site_inputs({name: "given"})[name] == "given"
 
 
 @pytest.mark.parametrize("role_input", sorted(SOURCES))
-def test_roles_yml_defaults_are_the_schemas(role_input):
-    (found,) = [m for m in DEFAULT.findall(ROLE_VARS[role_input]) if m[0] == SOURCES[role_input]]
-    assert _literal(found[1]) == schema.BY_NAME[SOURCES[role_input]].default
+def test_site_inputs_hand_each_input_the_host_variable_the_schema_names(role_input):
+    given = {SOURCES[role_input]: "from-the-host"}
+    if role_input == "nvidia_mig_snapshot":  # read in render mode only
+        given["numafleet_render_root"] = "/srv/render"
+    assert _apply_args.site_inputs(given)[role_input] == "from-the-host"
+
+
+@pytest.mark.parametrize("role_input", sorted(SOURCES))
+def test_site_inputs_defaults_are_the_schemas(role_input):
+    assert _apply_args.site_inputs({})[role_input] == schema.BY_NAME[SOURCES[role_input]].default
 
 
 @pytest.mark.parametrize("role_input", sorted(SOURCES))
@@ -173,8 +177,9 @@ def test_restart_is_the_same_input_of_both_roles():
 
 @pytest.mark.parametrize("playbook", schema.PLAYBOOKS)
 def test_every_variable_a_playbook_reads_is_in_the_schema_with_that_reader(playbook):
-    files = [PLAYBOOKS / playbook, *(PLAYBOOKS / extra for extra in SHARED.get(playbook, []))]
-    names = _read_names(*files) - set(schema.PLAY_VARIABLES)
+    names = (_read_names(PLAYBOOKS / playbook) | PYTHON_READS.get(playbook, set())) - set(
+        schema.PLAY_VARIABLES
+    )
     assert names, playbook
     unknown = sorted(names - set(schema.BY_NAME))
     assert not unknown, f"{playbook} reads {unknown}: add them to _host_vars.HOST_VARS"
@@ -184,8 +189,7 @@ def test_every_variable_a_playbook_reads_is_in_the_schema_with_that_reader(playb
 
 @pytest.mark.parametrize("playbook", schema.PLAYBOOKS)
 def test_the_playbooks_defaults_are_the_schemas(playbook):
-    files = [PLAYBOOKS / playbook, *(PLAYBOOKS / extra for extra in SHARED.get(playbook, []))]
-    for path in files:
+    for path in [PLAYBOOKS / playbook]:
         # Messages print unset values their own way (numafleet_render_root | default('')).
         for text in _strings(yaml.safe_load(path.read_text(encoding="utf-8")), messages=False):
             for name, argument in DEFAULT.findall(text):
@@ -212,35 +216,35 @@ def test_the_play_variables_are_set_by_their_playbook():
     assert set(schema.PLAY_VARIABLES) <= set(play["vars"])
 
 
-@pytest.mark.parametrize("playbook", ["site.yml", "drift_check.yml"])
-def test_the_playbooks_check_every_role_they_import_alone(playbook):
-    """A role imported without its own checks must have had them run by check_inputs.yml."""
-    text = (PLAYBOOKS / playbook).read_text(encoding="utf-8")
-    play = yaml.safe_load(text)[0]
-    assert play["vars_files"] == ["vars/roles.yml"]
-    pre = [task.get("ansible.builtin.import_tasks") for task in play["pre_tasks"]]
-    assert "tasks/check_inputs.yml" in pre
-    imports = [
-        t["ansible.builtin.import_role"]
-        for t in play["tasks"]
-        if "ansible.builtin.import_role" in t
-    ]
-    assert sorted(i["name"] for i in imports) == sorted(f"numafleet.tuning.{r}" for r in ROLES)
-    assert all(i["tasks_from"] == "apply" and i["rolespec_validate"] is False for i in imports)
-    # The host variables are checked first, before the facts and the plan (whose guards would
-    # otherwise answer a misspelt numafleet_placements before the "did you mean").
-    first = play["pre_tasks"][0]
+@pytest.mark.parametrize("playbook", ["site.yml", "drift_check.yml", "verify.yml"])
+def test_the_playbooks_check_the_host_variables_then_plan_from_them(playbook):
+    """host_vars_check first (before the facts and the plan, whose guards would otherwise answer
+    a misspelt numafleet_placements before the "did you mean"), then numa_plan reads the host
+    variables and runs the playbook's input checks; host_apply takes no play variable."""
+    plays = yaml.safe_load((PLAYBOOKS / playbook).read_text(encoding="utf-8"))
+    tasks = [task for play in plays for task in play["tasks"]]
+    names = [task["name"] for task in tasks]
+    first = next(task for task in tasks if "numafleet.tuning.host_vars_check" in task)
     assert first["numafleet.tuning.host_vars_check"] == {"playbook": playbook}
-    assert first["register"] == "__numafleet_inputs_check"
+    (plan,) = [task for task in tasks if "numafleet.tuning.numa_plan" in task]
+    assert plan["numafleet.tuning.numa_plan"] == {"playbook": playbook}
+    assert names.index(first["name"]) < names.index("Gather NUMA and GPU topology")
+    assert names.index("Gather NUMA and GPU topology") < names.index(plan["name"])
+    (apply,) = [task for task in tasks if "numafleet.tuning.host_apply" in task]
+    assert set(apply["numafleet.tuning.host_apply"] or {}) <= {"layers", "measure"}
+    assert not any("vars_files" in play for play in plays)
 
 
-def test_check_inputs_checks_each_role():
-    tasks = yaml.safe_load((PLAYBOOKS / "tasks" / "check_inputs.yml").read_text("utf-8"))
-    # The plan gate of site.yml counts hosts whose __numafleet_inputs_check failed.
-    assert all(task["register"] == "__numafleet_inputs_check" for task in tasks)
-    roles_check = tasks[-1]["vars"]["__numafleet_input_errors"]
-    for role in ROLES:
-        assert f"__{role}_input_errors" in roles_check
+def test_site_yml_plans_every_host_before_it_applies_any():
+    plays = yaml.safe_load((PLAYBOOKS / "site.yml").read_text(encoding="utf-8"))
+    plan, apply = plays
+    assert "serial" not in plan and "serial" in apply
+    gate = plan["tasks"][-1]
+    assert gate["run_once"] and gate["any_errors_fatal"] and "ansible.builtin.fail" in gate
+    registered = [task.get("register") for task in plan["tasks"]]
+    assert {"__numafleet_inputs_check", "__numafleet_site_plan"} <= set(registered)
+    assert "['__numafleet_inputs_check', '__numafleet_site_plan']" in json.dumps(gate["vars"])
+    assert [task["name"] for task in apply["tasks"]][0] == "Apply the placements"
 
 
 def test_verify_checks_the_host_variables_before_reading_the_host():

@@ -53,6 +53,11 @@ def check_state_paths(paths: list) -> list:
     return checked
 
 
+# The state files of the MIG and MPS layers below a root: whether they exist tells the controller
+# whether those layers have anything to look after on a host (numa_facts state_root, host_apply).
+STATE_FILES = ("/etc/numafleet/mig.json", "/etc/numafleet/mps-units.json")
+
+
 def read_state_paths(paths: list) -> list:
     """The entries of ``paths`` that exist (os.path.lexists: a dangling link counts), in order.
 

@@ -578,3 +578,41 @@ def measure(
             for node, c in before.items()
         }
     return {"services": measured, "nodes": node_report(sysfs_root, procfs_root, numastat)}
+
+
+def measure_on_host(
+    services: list, settings: dict, run_command: Callable, get_bin_path: Callable, sleep: Callable
+) -> dict:
+    """measure() as a module runs it on the host; raises LocalityError.
+
+    settings: {sysfs_root, procfs_root, cgroup_root, window_s (seconds, 0 or more), perf (auto:
+    ``perf stat`` when installed; never)}. run_command and get_bin_path are AnsibleModule's
+    (``perf`` is run through coreutils ``timeout`` when that exists); sleep takes the window when
+    perf does not run. numa_locality_info and host_apply (option measure) call it.
+    """
+    window_s = settings["window_s"]
+    if window_s < 0:
+        raise LocalityError(
+            "window_s", f"{window_s} is less than 0 seconds", "Give 0 (one sample) or more"
+        )
+    perf = get_bin_path("perf") if settings["perf"] == "auto" else None
+    timeout = get_bin_path("timeout")
+
+    def run_perf(cgroup, window):
+        argv = [timeout, str(int(window) + 30)] if timeout else []
+        argv += [perf, "stat", "-x", ",", "-e", ",".join(PERF_EVENTS), "-G", cgroup, "-a"]
+        argv += ["--", "sleep", str(window)]
+        rc, dummy, err = run_command(argv, environ_update={"LC_ALL": "C", "LANG": "C"})
+        return err if rc == 0 else None
+
+    reason = "perf is not installed" if settings["perf"] == "auto" else "perf=never"
+    return measure(
+        services,
+        settings["procfs_root"],
+        settings["sysfs_root"],
+        settings["cgroup_root"],
+        window_s,
+        run_perf=run_perf if perf else None,
+        perf_reason=reason,
+        sleep=sleep,
+    )

@@ -68,6 +68,26 @@ def _read_plan(real: str) -> tuple:
     return "present", "file", data, None
 
 
+def state_digest(recorded) -> str:
+    """sha256 hex of what a recording says about the host's own state: the plan file's digest,
+    its kind and every owned file's digest (read_recorded's plan_sha256, kind and files).
+
+    The controller computes it from the facts it planned from; host_apply computes it from the
+    host under its lock before it changes anything, and refuses when the two differ (another run
+    applied in between, or the facts came from a stale cache). Keys are sorted; the plan itself
+    is represented by its file's digest, so no JSON round trip can change the result.
+    """
+    recorded = recorded if isinstance(recorded, dict) else {}
+    files_seen = recorded.get("files") if isinstance(recorded.get("files"), dict) else {}
+    state = {
+        "kind": recorded.get("kind"),
+        "plan_sha256": recorded.get("plan_sha256"),
+        "files": {str(path): files_seen[path] for path in files_seen},
+    }
+    text = json.dumps(state, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
 def _fail(path: str, reason: str) -> NumaTuneError:
     return NumaTuneError(f"{path}: {reason}")
 
@@ -95,7 +115,8 @@ def read_recorded(root: str, plan_path: str = PLAN_PATH, manifest_paths=MANIFEST
     """ansible_facts.numafleet_recorded below root ("/" = the host itself); never raises for content.
 
     Shape: {"root", "plan_path", "state": absent|present|invalid, "kind": absent|file|link|
-    directory|other, "error": str|None, "plan": dict|None, "files": {host path: sha256 hex,
+    directory|other, "error": str|None, "plan": dict|None, "plan_sha256": sha256 hex of the plan
+    file's bytes (None when absent; as "files" digests it), "files": {host path: sha256 hex,
     None (absent), "other" (a link, or no regular file), "unreadable" or "kept"} for every file
     a manifest lists, plus each manifest path itself, "manifest_errors": [str], "kept": [str]}.
     A malformed (or linked) manifest is named in manifest_errors (the apply modules refuse it
@@ -143,6 +164,7 @@ def read_recorded(root: str, plan_path: str = PLAN_PATH, manifest_paths=MANIFEST
         "kind": kind,
         "error": error,
         "plan": plan,
+        "plan_sha256": _file_digest(root, plan_path),
         "files": dict(sorted(found_files.items())),
         "manifest_errors": errors,
         "kept": kept,

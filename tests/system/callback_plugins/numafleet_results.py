@@ -46,6 +46,11 @@ KEEP = (
     "handler_try_restart",
     "handler_start",
     "warnings",
+    # numafleet.tuning.host_apply: every layer's result, and the facts it returns.
+    "layers",
+    "changed_layers",
+    "reboot_required",
+    "cached",
 )
 
 

@@ -85,8 +85,8 @@ def test_the_demo_hosts_variables_pass():
         (
             {"numa_kernel_thp_enabled": "never"},
             "host gpu-a100-01: numa_kernel_thp_enabled is set for this host, but site.yml sets "
-            "it from numafleet_thp_enabled; set numafleet_thp_enabled instead (the playbook's "
-            f"value outranks the inventory, so this one would be ignored). {FIX}",
+            "it from numafleet_thp_enabled; set numafleet_thp_enabled instead (the playbook reads "
+            f"that host variable, not the role input, so this one would be ignored). {FIX}",
         ),
         (
             {"numafleet_thp_enabled": "sometimes"},

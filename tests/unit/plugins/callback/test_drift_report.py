@@ -634,3 +634,57 @@ def test_the_change_plan_of_the_plan_task_is_in_the_report():
     report = report_of(events + clean_events("b"))
     assert report["hosts"]["a"]["change_plan"] == lines
     assert report["hosts"]["b"]["change_plan"] == []  # the plan task carried none
+
+
+# --- numafleet.tuning.host_apply: every layer in one result ----------------------------------------
+
+APPLY = FakeTask("Check the placements", "numafleet.tuning.host_apply", check_mode=True)
+
+
+def test_one_apply_result_gives_each_layer_its_result_and_drift():
+    """The same report as five role results: layers named after the roles, drift per layer."""
+    pools_diff = {
+        "before_header": POOLS,
+        "after_header": POOLS,
+        "before": "node1 2048kB: 4096\n",
+        "after": "node1 2048kB: 8192\n",
+    }
+    unit_diff = {"before_header": UNIT, "after_header": UNIT, "before": UNIT_BEFORE,
+                 "after": UNIT_AFTER}  # fmt: skip
+    layers = {
+        "hugepages": {"changed": True, "diff": [pools_diff]},
+        "kernel": {"changed": False},
+        "units": {"changed": True, "diff": [unit_diff]},
+    }
+    apply_result = result("gpu-a100-01", APPLY, changed=True, layers=layers, diff=[])
+    report = report_of([("ok", result("gpu-a100-01", PLAN, changed=False)), ("ok", apply_result)])
+    entry = report["hosts"]["gpu-a100-01"]
+    assert entry["status"] == "drift"
+    assert sorted(entry["layers"]) == ["hugepages", "numa_kernel", "pinned_services"]
+    assert entry["layers"]["numa_kernel"] == {"results": 1, "changed": 0, "failed": 0}
+    assert [d["role"] for d in entry["drift"]] == ["hugepages", "pinned_services"]
+    pools, units = entry["drift"]
+    assert pools["task"] == units["task"] == "Check the placements"
+    assert pools["changes"][0]["settings"] == ["node1 2048kB"]
+    assert units["changes"][0]["settings"] == ["CPUAffinity"]
+
+
+def test_a_failed_apply_is_reported_on_its_layer():
+    failed = result(
+        "h", APPLY, failed=True, msg="host h: mig: GPU busy", layer="mig",
+        layers={"hugepages": {"changed": False}},
+    )  # fmt: skip
+    entry = report_of([("failed", failed)])["hosts"]["h"]
+    assert entry["status"] == "fail"
+    assert entry["layers"]["nvidia_mig"] == {"results": 1, "changed": 0, "failed": 1}
+    assert entry["layers"]["hugepages"]["failed"] == 0
+    assert entry["failed_tasks"] == [
+        {"role": "nvidia_mig", "task": "Check the placements", "msg": "host h: mig: GPU busy"}
+    ]
+
+
+def test_an_apply_outside_check_mode_is_no_drift():
+    applied = FakeTask("Apply the placements", "numafleet.tuning.host_apply", check_mode=False)
+    data = {"changed": True, "layers": {"units": {"changed": True, "diff": []}}}
+    entry = report_of([("ok", result("h", applied, **data))])["hosts"]["h"]
+    assert entry["status"] == "clean" and entry["drift"] == []

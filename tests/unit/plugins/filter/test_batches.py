@@ -7,6 +7,7 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.numafleet.tuning.plugins.filter.batches import (
     fail_percentage,
+    failed_plans,
     serial_batches,
 )
 
@@ -48,3 +49,21 @@ def test_fail_percentages(value, want):
 def test_bad_fail_percentages(value):
     with pytest.raises(AnsibleFilterError, match="numafleet_max_fail_percentage: .* whole number"):
         fail_percentage(value)
+
+
+def test_failed_plans_names_only_hosts_whose_plan_failed():
+    hostvars = {
+        "ok": {"__plan": {"failed": False}},
+        "bad-plan": {"__plan": {"failed": True, "msg": "x"}},
+        "bad-vars": {"__check": {"failed": True}, "__plan": {"skipped": True}},
+        "unreachable": {},
+        "still-in": {"__plan": {"failed": True}},
+    }
+    hosts = list(hostvars)
+    failed = failed_plans(hostvars, hosts, ["ok", "still-in"], ["__check", "__plan"])
+    assert failed == ["bad-plan", "bad-vars"]
+
+
+def test_failed_plans_is_empty_when_every_host_is_in():
+    hostvars = {"a": {"__plan": {"failed": True}}}
+    assert failed_plans(hostvars, ["a"], ["a"], ["__plan"]) == []

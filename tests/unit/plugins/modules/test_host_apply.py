@@ -453,3 +453,88 @@ def test_a_mig_change_without_replan_warns_and_keeps_the_plan(
     assert "plan" not in result
     assert "replan is not given" in json.dumps(result["warnings"])
     assert len(result["layers"]["units"]["units"]["new"]) == len(demo_plan["placements"])
+
+
+# --- recorded_digest: the state the controller planned from ------------------------------------
+
+
+def _digest(root: str) -> str:
+    from ansible_collections.numafleet.tuning.plugins.module_utils.numa.recorded import (
+        read_recorded,
+        state_digest,
+    )
+
+    return state_digest(read_recorded(root))
+
+
+def test_a_changed_recording_is_refused_before_anything_changes(run_module, demo_plan, demo):
+    first = run_module("host_apply", apply_args(demo, demo_plan))
+    assert not first["failed"], first["msg"]
+    digest = _digest(demo["root"])
+    # Another run (or a hand) changes the recorded plan after the controller read it.
+    plan_file = Path(demo["root"]) / "etc" / "numafleet" / "plan.json"
+    plan_file.write_text(plan_file.read_text() + " \n")
+    before = tree(demo["root"])
+    refused = run_module("host_apply", apply_args(demo, demo_plan, recorded_digest=digest))
+    assert refused["failed"]
+    assert refused["msg"].startswith("host gpu-a100-01: the host's recorded state")
+    assert "--flush-cache" in refused["msg"] and refused["ran"] == []
+    assert tree(demo["root"]) == before
+    # Check mode compares nothing (it changes nothing either).
+    checked = run_module(
+        "host_apply", apply_args(demo, demo_plan, recorded_digest=digest), check_mode=True
+    )
+    assert not checked["failed"], checked["msg"]
+    assert "ansible_facts" not in checked
+
+
+def test_the_same_recording_is_applied_and_returned_afresh(run_module, demo_plan, demo):
+    digest = _digest(demo["root"])  # nothing recorded yet
+    applied = run_module("host_apply", apply_args(demo, demo_plan, recorded_digest=digest))
+    assert not applied["failed"], applied["msg"]
+    recorded = applied["ansible_facts"]["numafleet_recorded"]
+    assert recorded["state"] == "present" and recorded["plan"]["host"] == "gpu-a100-01"
+    # The facts it returns are what the next run plans from: the next apply accepts them.
+    again = run_module(
+        "host_apply", apply_args(demo, demo_plan, recorded_digest=_digest(demo["root"]))
+    )
+    assert not again["failed"] and again["changed"] is False
+    assert again["ansible_facts"]["numafleet_recorded"]["plan_sha256"] == recorded["plan_sha256"]
+    mig_state = demo["root"] + "/etc/numafleet/mig.json"
+    assert again["ansible_facts"]["numafleet_state_paths"][0] == mig_state
+
+
+# --- measure: the plan's services, read-only ----------------------------------------------------
+
+
+def test_measure_reports_each_planned_service(run_module, demo_plan, demo, tmp_path):
+    cgroup = tmp_path / "cgroup"
+    cgroup.mkdir()
+    (cgroup / "cgroup.controllers").write_text("cpuset cpu memory\n")
+    measure = {
+        "sysfs_root": f"{demo['fsroot']}/sys",
+        "procfs_root": f"{demo['fsroot']}/proc",
+        "cgroup_root": str(cgroup),
+        "window_s": 0,
+        "perf": "never",
+    }
+    result = run_module(
+        "host_apply", apply_args(demo, demo_plan, layers=["units"], measure=measure),
+        check_mode=True,
+    )  # fmt: skip
+    assert not result["failed"], result["msg"]
+    services = result["locality"]["services"]
+    assert [s["name"] for s in services] == [p["name"] for p in demo_plan["placements"]]
+    assert not any(s["running"] for s in services)  # nothing runs in a recorded tree
+    assert result["locality"]["nodes"]
+
+
+def test_a_bad_measurement_root_fails_naming_measure(run_module, demo_plan, demo, tmp_path):
+    measure = {"sysfs_root": f"{demo['fsroot']}/sys", "procfs_root": f"{demo['fsroot']}/proc",
+               "cgroup_root": str(tmp_path / "absent"), "window_s": 0, "perf": "never"}  # fmt: skip
+    result = run_module(
+        "host_apply", apply_args(demo, demo_plan, layers=["units"], measure=measure),
+        check_mode=True,
+    )  # fmt: skip
+    assert result["failed"] and result["msg"].startswith("host gpu-a100-01: measure: ")
+    assert "cgroup_root" in result["msg"]

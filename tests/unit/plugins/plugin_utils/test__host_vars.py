@@ -1,6 +1,6 @@
 """The schema of the host variables and its pure checks (plugins/plugin_utils/_host_vars.py).
 
-The schema's agreement with playbooks/vars/roles.yml, the playbooks and the roles' argument specs
+The schema's agreement with _apply_args.site_inputs, the playbooks and the roles' argument specs
 is tested in tests/unit/test_playbook_vars.py; the action that runs these checks in
 tests/unit/plugins/action/test_host_vars_check.py.
 """
@@ -37,7 +37,7 @@ def test_every_variable_is_described_and_read_by_a_playbook(var):
     if var.minimum is not None:
         assert var.type == "int" and var.default >= var.minimum
     if var.role_inputs:
-        # A role input is handed over by roles.yml, which site.yml and drift_check.yml load.
+        # A role input is set from its numafleet_* variable by site.yml and drift_check.yml.
         assert set(schema.ROLE_INPUT_PLAYBOOKS) <= set(var.used_by)
 
 
@@ -142,8 +142,8 @@ def test_unknown_names_are_reported_once_each_in_order():
 def test_a_role_input_the_playbook_sets_names_the_host_variable(playbook):
     assert schema.role_input_problems(["numa_kernel_thp_enabled"], playbook) == [
         f"numa_kernel_thp_enabled is set for this host, but {playbook} sets it from "
-        "numafleet_thp_enabled; set numafleet_thp_enabled instead (the playbook's value "
-        "outranks the inventory, so this one would be ignored)."
+        "numafleet_thp_enabled; set numafleet_thp_enabled instead (the playbook reads that host "
+        "variable, not the role input, so this one would be ignored)."
     ]
 
 
@@ -172,7 +172,7 @@ def test_role_inputs_the_playbooks_leave_alone_are_fine(name):
 
 
 @pytest.mark.parametrize("playbook", [schema.VERIFY, schema.FACTS, schema.CAPTURE])
-def test_playbooks_without_roles_yml_do_not_refuse_role_inputs(playbook):
+def test_playbooks_without_role_inputs_do_not_refuse_them(playbook):
     assert schema.role_input_problems(["numa_kernel_thp_enabled"], playbook) == []
 
 

@@ -6,10 +6,7 @@ naming the host, the role input (and the host variable the playbooks set it from
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-import yaml
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.numafleet.tuning.plugins.filter.module_input_problems import (
@@ -17,7 +14,6 @@ from ansible_collections.numafleet.tuning.plugins.filter.module_input_problems i
 )
 from ansible_collections.numafleet.tuning.plugins.plugin_utils import _module_inputs
 
-ROLES = Path(__file__).resolve().parents[4] / "roles"
 HOST = "h1"
 PLAN = {"version": 1, "host": HOST, "placements": [], "tenants": [], "mps_daemons": []}
 MOUNT = {"path": "/dev/hugepages2M", "size_kb": 2048, "mode": "1770", "group": "vllm"}
@@ -161,31 +157,3 @@ def test_the_filter_wraps_the_checks():
     assert "nvidia_mig_parted_config" in text
     with pytest.raises(AnsibleFilterError, match="module is 'nvidia_smi'"):
         module_input_problems(args, "nvidia_smi", HOST)
-
-
-@pytest.mark.parametrize(
-    ("role", "module"),
-    [
-        ("hugepages", "numa_hugepages"),
-        ("numa_kernel", "numa_kernel"),
-        ("nvidia_mig", "nvidia_mig"),
-        ("nvidia_mps", "nvidia_mps"),
-        ("pinned_services", "pinned_units"),
-    ],
-)
-def test_each_apply_roles_input_check_runs_its_modules_checks(role, module):
-    """The role's input errors (checked before the gate) end with its module's own checks."""
-    variables = yaml.safe_load((ROLES / role / "vars" / "main.yml").read_text())
-    errors = variables[f"__{role}_input_errors"]
-    assert f"numafleet.tuning.module_input_problems('{module}', inventory_hostname" in errors
-    apply = yaml.safe_load((ROLES / role / "tasks" / "apply.yml").read_text())
-    text = (
-        (ROLES / role / "tasks" / "configure.yml").read_text() if role.startswith("nvidia_") else ""
-    )
-    options = set()
-    for task in apply + (yaml.safe_load(text) if text else []):
-        options |= set(task.get(f"numafleet.tuning.{module}") or {})
-    checked = set(_module_inputs.NAMES[module])
-    # Every option of the apply task that carries a user value is checked (the others are set by
-    # the role itself: roots of the facts, the service manager, the snapshot, reset_ok...).
-    assert checked <= options, checked - options

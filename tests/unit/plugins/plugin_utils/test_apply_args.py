@@ -1,17 +1,12 @@
 """The apply roles' inputs in Python (plugin_utils/_apply_args.py): values and messages.
 
-The messages are those of the roles' input checks (their vars/main.yml) word for word; the role
-inputs of site.yml are those playbooks/vars/roles.yml computes, compared on the demo fleet by
-rendering that file with ansible-playbook.
+The messages are those the roles' input checks (their former vars/main.yml) gave, word for word;
+the role inputs of site.yml are those the former playbooks/vars/roles.yml computed from the
+numafleet_* host variables.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,12 +14,12 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.numafleet.tuning.plugins.plugin_utils import _apply_args
 from ansible_collections.numafleet.tuning.plugins.plugin_utils._apply_args import (
     ALL_LAYERS,
     ROLE_DEFAULTS,
     build,
     measure_problems,
+    name_host_variables,
     site_inputs,
 )
 
@@ -473,100 +468,14 @@ def test_site_inputs_take_host_vars_then_defaults():
     )
 
 
-def _rendered_demo_inputs() -> dict:
-    """{host: (inputs, numafleet_* host vars)} as ansible-playbook renders them on the demo fleet."""
-    names = sorted(set(_apply_args.role_input_sources()) - set(_apply_args.PLAN_INPUTS))
-    env = dict(os.environ, ANSIBLE_CALLBACK_RESULT_FORMAT="json", ANSIBLE_NOCOLOR="1")
-    run = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "ansible-playbook"),
-            "-i",
-            "inventories/demo",
-            "tests/unit/render_site_inputs.yml",
-            "-e",
-            json.dumps({"__names": names}),
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+def test_site_messages_name_the_host_variable_of_each_role_input():
+    problems = [
+        'host h1: hugepages_mounts[0] is {"path": "/x"}; each entry needs path and size.',
+        "host h1: hugepages_render_root (numafleet_render_root in site.yml) is 'r'; ...",
+        "host h1: pinned_services_plan is not this host's plan.",
+    ]
+    named = name_host_variables(problems)
+    assert named[0] == problems[0] + (
+        " Under site.yml and drift_check.yml set it with numafleet_hugepages_mounts."
     )
-    assert run.returncode == 0, run.stdout + run.stderr
-    out = {}
-    for host, body in re.findall(r"^ok: \[([^\]]+)\] => (\{.*?^\})", run.stdout, re.M | re.S):
-        msg = json.loads(body)["msg"]
-        out[host] = json.loads(msg) if isinstance(msg, str) else msg
-    return out
-
-
-def test_site_inputs_equal_roles_yml_on_the_demo_fleet():
-    rendered = _rendered_demo_inputs()
-    demo = {p.stem for p in (REPO / "inventories/demo/host_vars").glob("*.yml")}
-    assert demo <= set(rendered)
-    for host, values in rendered.items():
-        assert len(values["inputs"]) == len(
-            set(_apply_args.role_input_sources()) - set(_apply_args.PLAN_INPUTS)
-        ), host
-        ours = site_inputs(values["host_vars"])
-        assert {k: ours[k] for k in values["inputs"]} == values["inputs"], host
-
-
-# Extra vars (they outrank every other variable) that make every role's checks fail somewhere.
-BAD_EXTRA_VARS = {
-    "numafleet_render_root": "render",
-    "numafleet_mig_parted_config": "mig.yaml",
-    "numafleet_irqbalance_banned": "0 - 1",
-    "numafleet_require_gpu": True,
-    "numafleet_hugepages_boot_reserve": ["1G", "3M"],
-    "numafleet_hugepages_mounts": [{"path": "/x", "size": "5G"}],
-}
-
-
-@pytest.mark.parametrize("extra_vars", [{}, BAD_EXTRA_VARS], ids=["demo", "bad"])
-def test_build_equals_the_roles_jinja_on_the_demo_fleet(extra_vars):
-    """build() against the five roles' vars/main.yml rendered by ansible-playbook (about 6 s)."""
-    if not (REPO / ".demo").is_dir():
-        pytest.skip(".demo/ is not there (make demo, or tests/unit/fixtures/trees.py --demo .demo)")
-    env = dict(os.environ, ANSIBLE_CALLBACK_RESULT_FORMAT="json", ANSIBLE_NOCOLOR="1")
-    run = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "ansible-playbook"),
-            "-i",
-            "inventories/demo",
-            "tests/unit/render_role_args.yml",
-            "-e",
-            json.dumps(extra_vars),
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr
-    found = re.findall(r"^ok: \[([^\]]+)\] => (\{.*?^\})", run.stdout, re.M | re.S)
-    rendered = {host: json.loads(json.loads(body)["msg"]) for host, body in found}
-    demo = {p.stem for p in (REPO / "inventories/demo/host_vars").glob("*.yml")}
-    assert demo <= set(rendered)
-    for host, jinja in rendered.items():
-        facts = jinja["facts"]
-        host_vars = {**jinja["host_vars"], **extra_vars}
-        args = build(host, site_inputs(host_vars), facts.get("numafleet_plan"), facts)
-        module = args.module_args
-        assert args.problems == jinja["errors"], host
-        assert bool(extra_vars) == bool(args.problems), host
-        assert ("mig" in module["layers"], "mps" in module["layers"]) == (
-            jinja["mig_run"],
-            jinja["mps_run"],
-        ), host
-        assert (module["root"], module["service_manager"]) == (
-            jinja["root"],
-            jinja["service_manager"],
-        ), host
-        assert module["hugepages"] == jinja["hugepages"], host
-        assert {k: v for k, v in module["kernel"].items() if not k.endswith("fs_root")} == jinja[
-            "kernel"
-        ], host
+    assert named[1:] == problems[1:]  # already named; the plan is not a host variable

@@ -14,6 +14,7 @@ from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors impor
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.recorded import (
     digest,
     read_recorded,
+    state_digest,
 )
 
 UNIT = "/etc/systemd/system/numafleet-a.service"
@@ -36,6 +37,7 @@ def test_nothing_recorded(tmp_path):
         "kind": "absent",
         "error": None,
         "plan": None,
+        "plan_sha256": None,
         "files": {},
         "manifest_errors": [],
         "kept": [],
@@ -156,3 +158,29 @@ def test_an_edited_or_foreign_listed_file_is_kept_and_never_stopped_by_the_chang
     plan = {"version": 1, "host": "h", "placements": [], "mps_daemons": []}
     result = change_plan("h", plan, plan, {}, {}, got["files"], allow_removals=True)
     assert result["units"]["stop"] == ["numafleet-c.service"]  # a custom unit_dir still counts
+
+
+def test_state_digest_follows_the_plan_file_and_every_owned_file(tmp_path):
+    empty = state_digest(read_recorded(str(tmp_path)))
+    plan = put(tmp_path, "/etc/numafleet/plan.json", '{"version": 1, "host": "h"}\n')
+    with_plan = read_recorded(str(tmp_path))
+    assert with_plan["plan_sha256"] == hashlib.sha256(open(plan, "rb").read()).hexdigest()
+    assert state_digest(with_plan) != empty
+    put(tmp_path, UNIT, "[Service]\n")
+    put(tmp_path, "/etc/numafleet/manifest.json", units.manifest_text({UNIT: "[Service]\n"}))
+    with_unit = read_recorded(str(tmp_path))
+    assert with_unit["files"][UNIT] == digest("[Service]\n")
+    assert state_digest(with_unit) != state_digest(with_plan)
+    # The same bytes read again, or the facts after a JSON round trip: the same digest.
+    again = json.loads(json.dumps(read_recorded(str(tmp_path))))
+    assert state_digest(again) == state_digest(with_unit)
+    # One byte of an owned file, or of the plan, changes it.
+    put(tmp_path, UNIT, "[Service]\n#\n")
+    assert state_digest(read_recorded(str(tmp_path))) != state_digest(with_unit)
+    put(tmp_path, UNIT, "[Service]\n")
+    put(tmp_path, "/etc/numafleet/plan.json", '{"version": 1, "host": "h" }\n')
+    assert state_digest(read_recorded(str(tmp_path))) != state_digest(with_unit)
+
+
+def test_state_digest_of_no_recording_is_stable():
+    assert state_digest(None) == state_digest({}) == state_digest({"files": "not a dict"})
