@@ -35,7 +35,7 @@ help:
 	@echo "make lint|sanity|units|security|system|vm|changelog-lint   one layer at a time"
 	@echo "make vm             the 2-NUMA-node QEMU guest scenario (molecule numa_vm, about 10 minutes)"
 	@echo "make vm-up|vm-verify|vm-login|vm-down   the same step by step, the guest left running"
-	@echo "make bench          the benchmarks (facts, planner, 50-200 host fleet; about 40 minutes), results in benchmarks/results/"
+	@echo "make bench          the benchmarks (facts, planner, 50-500 host fleet; about 60 minutes), results in benchmarks/results/"
 	@echo "make integration    ansible-test integration on a copy of the tree"
 	@echo "make gpu-proof      on an NVIDIA GPU host: the GPU proof kit (tests/gpu/README.md), evidence in reports/gpu-proof/"
 	@echo "make mutation       mutation testing of the core files (tests/mutation/README.md; not in make test)"
