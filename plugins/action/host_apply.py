@@ -30,6 +30,15 @@ ARGUMENT_SPEC = dict(
     measure=dict(type="bool", default=False),
 )
 
+# Options only the module takes: a task that sets any of them calls the module directly, with its
+# own arguments as given (the module's documentation and EXAMPLES), not shaped from host variables.
+MODULE_OPTIONS = frozenset(
+    (
+        "host", "root", "service_manager", "restart", "restart_awaited", "replan",
+        "recorded_digest", "hugepages", "kernel", "mig", "mps", "units",
+    )
+)  # fmt: skip
+
 # The role whose layer each layer is (reports and summaries name the roles).
 ROLE_OF = {
     "hugepages": "hugepages",
@@ -52,6 +61,12 @@ class ActionModule(ActionBase):
         task_vars = task_vars or {}
         result = super().run(tmp, task_vars)
         host = str(task_vars.get("inventory_hostname", "localhost"))
+        given = dict(self._task.args)
+        if MODULE_OPTIONS & set(given) or isinstance(given.get("measure"), dict):
+            result.update(
+                self._execute_module(module_name=self.NAME, module_args=given, task_vars=task_vars)
+            )
+            return result
         try:
             dummy, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
         except AnsibleActionFail as exc:

@@ -10,6 +10,12 @@ short_description: Apply a host's NUMA plan, every layer in one module run, then
 version_added: 0.3.0
 author: numafleet.tuning contributors (@numafleet)
 description:
+  - Called with the options below, the module runs with them as given. Called with no option,
+    or only O(layers), C(plan), C(measure=true) and C(inputs), the action plugin of the same name
+    builds every option on the controller first, from the host's variables (as C(site.yml),
+    C(drift_check.yml) and C(verify.yml) call it), or from the role inputs in C(inputs) (as the
+    collection's roles call it), runs every input check there, and fails before the module is
+    sent when one fails.
   - Runs the apply layers of this collection on one host in one process, in this order whatever
     the order of O(layers) - hugepages (M(numafleet.tuning.numa_hugepages)), kernel
     (M(numafleet.tuning.numa_kernel)), mig (M(numafleet.tuning.nvidia_mig)), mps

@@ -135,3 +135,12 @@ def test_a_reboot_owed_is_a_warning_unless_the_play_may_reboot(reboot_ok, noted)
     assert bool(notes) is noted
     if noted:
         assert notes[0].startswith(f"host {HOST}: ") and "hugepagesz=1G hugepages=4" in notes[0]
+
+
+def test_module_options_go_to_the_module_as_given():
+    """Called as the module's documentation shows (root, service_manager, layer options), the
+    action shapes nothing: the task's arguments are the module's."""
+    args = {"plan": PLAN, "layers": ["units"], "root": "/srv/r", "service_manager": "none"}
+    result, sent = run_action(args, {"numafleet_render_root": "relative/root"})
+    assert not result.get("failed"), result
+    assert sent == [("numafleet.tuning.host_apply", args)]
