@@ -96,3 +96,25 @@ def fake_nvidia_smi(tmp_path, monkeypatch):
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("PATH", f"{bindir}:{os.environ.get('PATH', '')}")
     return script
+
+
+@pytest.fixture
+def fake_systemctl(tmp_path, monkeypatch):
+    """install(script) puts a fake ``systemctl`` (``script``, ``{log}`` standing for its call log)
+    first in PATH and returns the log file of its calls (absent: never run). The FAKE_* variables
+    the scripts read start unset."""
+
+    def install(script: str) -> Path:
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        log = tmp_path / "systemctl.log"
+        fake = bin_dir / "systemctl"
+        fake.write_text(script.format(log=log))
+        fake.chmod(0o755)
+        path = os.environ.get("PATH", "/usr/bin:/bin")
+        monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{path}")
+        for name in ("FAKE_SYSTEMCTL_FAIL", "FAKE_ENABLED", "FAKE_ACTIVE"):
+            monkeypatch.delenv(name, raising=False)
+        return log
+
+    return install

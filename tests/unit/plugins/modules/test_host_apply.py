@@ -198,17 +198,9 @@ def test_layers_run_in_order_and_only_those_listed(run_module, demo_plan, demo):
 
 
 @pytest.fixture
-def systemctl(tmp_path, monkeypatch):
+def systemctl(fake_systemctl):
     """A fake systemctl first in PATH; returns the log of its calls."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    log = tmp_path / "systemctl.log"
-    fake = bin_dir / "systemctl"
-    fake.write_text(FAKE_SYSTEMCTL.format(log=log))
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}")
-    monkeypatch.delenv("FAKE_SYSTEMCTL_FAIL", raising=False)
-    return log
+    return fake_systemctl(FAKE_SYSTEMCTL)
 
 
 def calls(log) -> list:

@@ -83,18 +83,9 @@ def run(run_module, monkeypatch):
 
 
 @pytest.fixture
-def systemctl(tmp_path, monkeypatch):
+def systemctl(fake_systemctl):
     """A fake systemctl first in PATH; returns the log file of its calls (absent: never run)."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    log = tmp_path / "systemctl.log"
-    fake = bin_dir / "systemctl"
-    fake.write_text(FAKE_SYSTEMCTL.format(log=log))
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}")
-    for name in ("FAKE_SYSTEMCTL_FAIL", "FAKE_ENABLED", "FAKE_ACTIVE"):
-        monkeypatch.delenv(name, raising=False)
-    return log
+    return fake_systemctl(FAKE_SYSTEMCTL)
 
 
 def args(tree: Path, **extra) -> dict:
