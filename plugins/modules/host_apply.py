@@ -518,17 +518,16 @@ def _check_recorded(module) -> None:
 def _recorded_facts(root: str) -> dict:
     """numafleet_recorded and numafleet_state_paths below root, read after the apply."""
     from ansible_collections.numafleet.tuning.plugins.module_utils.numa.facts import (
-        STATE_FILES,
         read_state_paths,
+        state_files_below,
     )
     from ansible_collections.numafleet.tuning.plugins.module_utils.numa.recorded import (
         read_recorded,
     )
 
-    base = root.rstrip("/")
     return {
         "numafleet_recorded": read_recorded(root),
-        "numafleet_state_paths": read_state_paths([base + path for path in STATE_FILES]),
+        "numafleet_state_paths": read_state_paths(state_files_below(root)),
     }
 
 

@@ -610,8 +610,8 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import NumaTuneError
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.facts import (
-    STATE_FILES,
     gather_facts,
+    state_files_below,
 )
 
 
@@ -645,10 +645,9 @@ def main() -> None:
     params.pop("reuse_cached")  # decided on the controller (plugins/action/numa_facts.py)
     root = params.pop("state_root")
     if root is not None and root.startswith("/"):
-        base = root.rstrip("/")
-        params["state_paths"] = list(params["state_paths"]) + [base + path for path in STATE_FILES]
+        params["state_paths"] = list(params["state_paths"]) + state_files_below(root)
         if params["recorded_root"] is None:
-            params["recorded_root"] = base or "/"
+            params["recorded_root"] = root.rstrip("/") or "/"
 
     def run(argv: list) -> tuple:
         return module.run_command(argv, environ_update={"LC_ALL": "C", "LANG": "C"})

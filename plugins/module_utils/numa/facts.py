@@ -58,6 +58,12 @@ def check_state_paths(paths: list) -> list:
 STATE_FILES = ("/etc/numafleet/mig.json", "/etc/numafleet/mps-units.json")
 
 
+def state_files_below(root: str) -> list:
+    """STATE_FILES below root (an absolute path; "/" for the host itself), as host paths."""
+    base = root.rstrip("/")
+    return [base + path for path in STATE_FILES]
+
+
 def read_state_paths(paths: list) -> list:
     """The entries of ``paths`` that exist (os.path.lexists: a dangling link counts), in order.
 
