@@ -29,6 +29,12 @@ description:
     the same planner as M(numafleet.tuning.numa_plan), starting from O(plan) so that placements
     keep their resources; the mps and units layers then use the new plan (RV(plan)). Without
     O(replan) they use O(plan) and the module warns.
+  - A placement whose MIG instance does not exist yet (C(waits_for) in the plan, for example an
+    instance the mig layer creates in this run, or a MIG mode change pending a GPU reset) has its
+    unit written but not enabled, started or restarted, and an MPS daemon of such an instance is
+    not written at all. When the re-plan after the mig layer finds the instance, the new plan
+    names the MIG device and the handler pass of the same run enables and starts the unit (and
+    its MPS daemon); otherwise the first run after the instance exists does.
   - After the layers, with O(service_manager=systemd) and not in check mode, the module runs the
     commands the roles' handlers ran (the handler pass), in this order - C(systemctl disable --now)
     of the hugetlbfs mount units no longer wanted; ONE C(systemctl daemon-reload) when any layer

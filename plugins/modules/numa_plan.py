@@ -323,7 +323,12 @@ changes:
     - "  ~ move    rerank-b: node0 cpus 7-8,71-72 gpus 31:00.0 mps -> node0 cpus 7-8,11,71-72,75 gpus 31:00.0 mps (its request changed (cpus 4 -> 6))"
     - "  restart: numafleet-rerank-b.service"
 summary:
-  description: One line describing the plan (placements, node, CPUs, GPUs, warnings).
+  description:
+    - One line describing the plan (placements, node, CPUs, GPUs, warnings), then the change
+      plan in a few words.
+    - "A placement whose MIG instance does not exist yet ends in
+      V((waits for MIG instance <profile> at slice <start> of GPU <address>: <reason>)); the
+      change plan counts it as V(waiting for a MIG instance), not as started."
   returned: success
   type: str
   sample: "gpu-a100-01: 2 placements: llm-70b node1 cpus 32-39,96-103 gpus b1:00.0,ca:00.0; embed node0 cpus 2-3,66-67 gpus 17:00.0 (MIG 1g.10gb); 0 warnings"
@@ -362,10 +367,21 @@ ansible_facts:
               C(group), C(tenant), C(slice), C(node), C(nodes), C(spans), C(near), C(cpus),
               C(cpus_requested), C(mems), C(memory_node) (the node charged with its memory),
               C(memory_kb), C(hugepages), C(gpus), C(cuda_visible_devices), C(mps),
-              C(environment), C(hardening), C(request) (what it asks for in resources, compared
-              with the recorded plan's) and C(warnings).
+              C(environment), C(waits_for), C(hardening), C(request) (what it asks for in
+              resources, compared with the recorded plan's) and C(warnings).
             - C(near) is the PCI device the placement is anchored on (C(address), C(kind),
               C(node)), or V(null) without C(near).
+            - C(waits_for) is V(null), or, for a placement whose MIG instance does not exist yet,
+              C(mig_instance) (V(1g.10gb at slice 2 of GPU 0000:17:00.0)), C(gpu), C(profile),
+              C(start) and C(reason) - V(created in this run) (the MIG layer creates it),
+              V(created in this run once MIG mode is on) (MIG mode is off; a GPU that needs a
+              reset for it waits for the reset) or V(mode change pending a reset) (MIG mode is
+              set but applies only after a GPU reset or reboot). Such a placement's unit is
+              written with C(CUDA_VISIBLE_DEVICES) empty but never enabled, started or
+              restarted; the plan made once the instance exists (the re-plan of
+              M(numafleet.tuning.host_apply) in the same run, or a later run) names the MIG
+              device, and that run enables and starts the unit. The change plan and RV(summary)
+              say that it waits.
           type: list
           elements: dict
           sample:
@@ -406,7 +422,8 @@ ansible_facts:
           description:
             - One entry per MPS daemon the plan needs (device UUID, pipe and log directories, clients).
             - C(unit) (V(nvidia-mps@<instance>.service)) and C(instance) (the device UUID; both V(null) while the
-              MIG instance it serves is not created yet), C(gpu_uuid) (the physical GPU), C(mig) (whether it serves a
+              MIG instance it serves is not created yet, when C(waits_for) is its client's, and the daemon is neither
+              written nor started), C(gpu_uuid) (the physical GPU), C(mig) (whether it serves a
               MIG device), C(node), C(cpus) and C(mems) (the online, not isolated CPUs and nearest memory node of its GPU's node,
               so that one client's change does not change the daemon), C(user) and C(group) (its clients',
               which must agree), C(active_thread_percentage) and C(pinned_memory_limit_kb) (the largest of its
@@ -460,6 +477,9 @@ ansible_facts:
               C(reason)), C(removed) (C(name), C(from)) and C(kept) (C(name), C(at)); C(from),
               C(to) and C(at) read like V(node0 cpus 1-4,65-68 gpus 17:00.0 mig 3g.40gb@4).
               C(unrecorded) are placements whose unit exists although no plan was recorded.
+            - "Added, unrecorded, moved and kept entries have C(waits) - V(null), or
+              V(waits for MIG instance 1g.10gb at slice 2 of GPU 0000:17:00.0: created in this run)
+              when the placement's MIG instance does not exist yet (see C(waits_for))."
           type: dict
           sample: {added: [], moved: [], removed: [], kept: [{name: embed, at: node0 cpus 1-4}], unrecorded: []}
         units:
@@ -470,7 +490,9 @@ ansible_facts:
               restart or stop it), C(awaiting_restart) (with O(restart=never)), C(not_removed)
               (host paths a manifest lists that are no longer as numafleet wrote them, for example
               edited, a link, or outside the unit directory; the apply modules keep them, never
-              stopped or deleted) and C(reload).
+              stopped or deleted), C(waiting) (unit -> a line saying which MIG instance it waits
+              for and why; written, not started, not in C(start)) and C(reload). A unit that
+              waited in the recorded plan and waits no more is in C(start), not C(restart).
           type: dict
           sample: {start: [], stop: [], restart: [numafleet-rerank-b.service], restart_through: {}}
         mig:

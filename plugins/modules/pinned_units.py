@@ -48,6 +48,11 @@ description:
     and RV(handler_start).
   - A unit pinned by a drop-in is only ever try-restarted (C(systemctl try-restart), restarted if
     it is running), so that a vendor service that was stopped stays stopped.
+  - A placement whose MIG instance does not exist yet (its plan entry's C(waits_for)) has its
+    unit written, with C(CUDA_VISIBLE_DEVICES) empty, but it is never enabled, started or
+    restarted (listed in RV(waiting) and RV(would_run); a warning when its file changed). A unit
+    that waited in the plan recorded at O(plan_path) and waits no more is enabled and started
+    (RV(handler_start)), not restarted, because it never ran.
   - Files are written atomically (a temporary file renamed over the old one), mode C(0644).
 options:
   plan:
@@ -269,6 +274,8 @@ would_run:
       (C(disable --now) removed services, C(daemon-reload), C(restart) changed ones, C(try-restart)
       units whose drop-in is new, changed or removed, C(enable --now) new ones), whatever
       O(service_manager) and check mode.
+    - "Then one line per unit waiting for its MIG instance, which is no command -
+      V(<unit>: not started, waits for MIG instance <instance>: <reason>; enabled and started once it exists)."
   returned: always
   type: list
   elements: str
@@ -325,6 +332,38 @@ handler_start:
   type: list
   elements: str
   sample: [numafleet-llm-70b.service]
+waiting:
+  description:
+    - The units whose MIG instance does not exist yet (the plan's C(waits_for)) - written, not
+      enabled, started or restarted.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    unit:
+      description: The unit.
+      type: str
+      sample: numafleet-classify.service
+    mig_instance:
+      description: The instance it waits for.
+      type: str
+      sample: 1g.10gb at slice 2 of GPU 0000:17:00.0
+    gpu:
+      description: The PCI address of the GPU.
+      type: str
+      sample: "0000:17:00.0"
+    profile:
+      description: The MIG profile of the instance.
+      type: str
+      sample: 1g.10gb
+    start:
+      description: The slice the instance starts at.
+      type: int
+      sample: 2
+    reason:
+      description: Why it does not exist yet (V(created in this run), V(created in this run once MIG mode is on) or V(mode change pending a reset)).
+      type: str
+      sample: created in this run
 """
 
 from ansible.module_utils.basic import AnsibleModule

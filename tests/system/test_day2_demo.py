@@ -22,6 +22,11 @@ MPS_DAEMON = "nvidia-mps@GPU-fdb5df64-11ce-5c72-a560-9702875cecd6.service"
 # The demo's MIG GPU is a recording: render mode never changes it, so each run says again what
 # the GPU needs.
 MIG_LINE = "  MIG 0000:17:00.0: destroy 2g.20gb@2; create 1g.10gb@2, 1g.10gb@3"
+# ... and its classifier waits for the 1g.10gb the recording never gets: written, not started.
+WAIT_LINE = (
+    "  numafleet-classify.service: not started, waits for MIG instance 1g.10gb at slice 2 of GPU "
+    "0000:17:00.0: created in this run; enabled and started once it exists"
+)
 WOULD_RUN = "Report what would run (render mode)"
 
 
@@ -103,6 +108,7 @@ def test_an_unchanged_host_has_an_empty_change_plan(host):
     assert run.rc == 0, run.explain()
     assert change_plan(run) == [
         f"{HOST}: change plan: 0 added, 0 moved, 0 removed, 6 kept",
+        WAIT_LINE,
         MIG_LINE,
     ]
 
@@ -117,6 +123,7 @@ def test_resizing_one_placement_moves_and_restarts_only_it(edited):
         "  ~ move    rerank-b: node0 cpus 7-8,71-72 gpus 31:00.0 mps -> node0 cpus 7-8,11,71-72,75"
         " gpus 31:00.0 mps (its request changed (cpus 4 -> 6))",
         "  restart: numafleet-rerank-b.service",
+        WAIT_LINE,
         "  changed slice: numafleet-team\\x2db.slice (applied at daemon-reload)",
         MIG_LINE,
     ]
@@ -159,6 +166,7 @@ def test_an_mps_change_shows_the_clients_systemd_restarts(edited):
         f"{HOST}: change plan: 0 added, 0 moved, 0 removed, 6 kept",
         f"  restart: numafleet-rerank-a.service, {MPS_DAEMON}",
         f"  restarted by systemd: numafleet-rerank-b.service (Requires={MPS_DAEMON})",
+        WAIT_LINE,
         MIG_LINE,
     ]
 
@@ -172,6 +180,7 @@ def test_restart_never_writes_and_restarts_nothing(edited):
         f"{HOST}: change plan: 0 added, 0 moved, 0 removed, 6 kept",
         "  awaiting a restart (numafleet_restart: never): numafleet-rerank-a.service, "
         f"numafleet-rerank-b.service, {MPS_DAEMON}",
+        WAIT_LINE,
         MIG_LINE,
     ]
     after = read_tree(edited.root())

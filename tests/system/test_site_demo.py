@@ -147,10 +147,14 @@ def test_one_summary_line_per_host(fleet):
         assert line.startswith(f"{host}: "), line
     a100 = fleet.first.one("gpu-a100-01", SUMMARY_TASK)["msg"]
     assert a100.startswith("gpu-a100-01: 6 placements: llm-70b node1 ")
-    assert "classify node0 cpus 9,73 gpus 17:00.0 mig 1g.10gb@2;" in a100
+    assert (
+        "classify node0 cpus 9,73 gpus 17:00.0 mig 1g.10gb@2 (waits for MIG instance 1g.10gb "
+        "at slice 2 of GPU 0000:17:00.0: created in this run);"
+    ) in a100
     assert a100.endswith(
         "rerank-mini-a node0 cpus 10,74 gpus 17:00.0 mig 2g.20gb@0 mps; 1 warning; "
-        "changes: 6 added; 8 started, 2 slices written, 1 MIG layout to change"
+        "changes: 6 added; 7 started, 1 waiting for a MIG instance, 2 slices written, "
+        "1 MIG layout to change"
     )
     vm = fleet.first.one("vm-gpu-01", SUMMARY_TASK)["msg"]
     assert vm.endswith("; 1 warning; changes: 2 added; 2 started"), vm
@@ -477,8 +481,14 @@ def test_mps_daemons_are_rendered_with_their_clients(fleet):
     assert f"would run: systemctl enable --now nvidia-mps@{MPS_GPU}.service" in msg
 
 
+CLASSIFY_WAITS = (
+    "numafleet-classify.service: not started, waits for MIG instance 1g.10gb at slice 2 of GPU "
+    "0000:17:00.0: created in this run; enabled and started once it exists"
+)
+
+
 def test_client_of_a_pending_mig_instance_waits_for_the_replan(fleet):
-    """classify's 1g.10gb does not exist on the recorded GPU: no device is named yet."""
+    """classify's 1g.10gb does not exist on the recorded GPU: its unit is written, not started."""
     unit = _unit(fleet, "gpu-a100-01", "numafleet-classify.service")
     assert "After=numafleet-mig.service" in unit
     # No GPU at all until the instance exists, rather than every GPU the process would see.
@@ -487,3 +497,25 @@ def test_client_of_a_pending_mig_instance_waits_for_the_replan(fleet):
     ]
     plan = fleet.first.one("gpu-a100-01", "Plan placements")
     assert any("classify" in w and "does not exist yet" in w for w in plan["warnings"])
+    # The change plan (before the gate) says it waits, and does not count it as started.
+    (shown,) = fleet.first.results("gpu-a100-01", "Show the change plan")
+    assert (
+        "  + add     classify: node0 cpus 9,73 gpus 17:00.0 mig 1g.10gb@2 (waits for MIG "
+        "instance 1g.10gb at slice 2 of GPU 0000:17:00.0: created in this run)"
+    ) in shown["msg"]
+    assert f"  {CLASSIFY_WAITS}" in shown["msg"]
+    (start,) = [line for line in shown["msg"] if line.startswith("  start: ")]
+    assert "numafleet-classify.service" not in start and "numafleet-embed.service" in start
+    # The would-run lines: never started, and what happens to it; on every render run, as the
+    # recording never gets the instance (a real run starts it after host_apply's re-plan).
+    for run in (fleet.first, fleet.second):
+        msg = run.one("gpu-a100-01", WOULD_RUN_TASK)["msg"]
+        assert f"would run: {CLASSIFY_WAITS}" in msg
+        assert not [line for line in msg if "systemctl" in line and "classify" in line], msg
+    units = fleet.second.one("gpu-a100-01", APPLY_TASK)["layers"]["units"]
+    assert units["changed"] is False
+    assert [w["unit"] for w in units["waiting"]] == ["numafleet-classify.service"]
+    # the recorded plan says so too (the next run's change plan compares with it)
+    recorded = json.loads((fleet.root("gpu-a100-01") / "etc/numafleet/plan.json").read_text())
+    (entry,) = [p for p in recorded["placements"] if p["name"] == "classify"]
+    assert entry["waits_for"]["reason"] == "created in this run"

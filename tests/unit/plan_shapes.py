@@ -34,6 +34,7 @@ def placement(name: str = "llm", **overrides) -> dict:
         "cuda_visible_devices": "",
         "mps": None,
         "environment": {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ""},
+        "waits_for": None,
         "hardening": None,
         "warnings": [],
     }

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Optional
 
 from . import mps, units
-from .planner import placement_text
+from .planner import placement_text, waits_text
 from .recorded import MANIFEST_PATHS, digest
 from .units import unit_of
 
@@ -180,7 +180,12 @@ def change_plan(
     )
     owned_mps = [p for p in owned if unit_of(p).startswith("nvidia-mps@")]
     owned_units = [p for p in owned if p not in owned_mps]
-    pinned = units.plan_actions(file_changes(unit_files, recorded_files, owned_units))
+    waiting = units.waiting_units(new_plan)
+    pinned = units.plan_actions(
+        file_changes(unit_files, recorded_files, owned_units),
+        waiting,
+        set(units.waiting_units(old_plan)),
+    )
     daemons, dummy = mps.plan_daemons(new_plan)
     daemon_actions = mps.plan_actions(file_changes(mps_files, recorded_files, owned_mps), daemons)
 
@@ -208,9 +213,10 @@ def change_plan(
     placements: dict = {"added": [], "moved": [], "removed": [], "kept": [], "unrecorded": []}
     for name, entry in new_by.items():
         old = old_by.get(name)
+        waits = waits_text(entry) or None
         if old is None:
             key = "unrecorded" if old_plan is None and entry["unit"] in managed else "added"
-            placements[key].append({"name": name, "to": placement_text(entry)})
+            placements[key].append({"name": name, "to": placement_text(entry), "waits": waits})
         elif _resources(old) == _resources(entry):
             why = stability.get(name, "kept")
             placements["kept"].append(
@@ -218,6 +224,7 @@ def change_plan(
                     "name": name,
                     "at": placement_text(entry),
                     "changed": None if why in ("kept", "new") else why,
+                    "waits": waits,
                 }
             )
         else:
@@ -227,6 +234,7 @@ def change_plan(
                     "from": placement_text(old),
                     "to": placement_text(entry),
                     "reason": stability.get(name, "planned again"),
+                    "waits": waits,
                 }
             )
     for name, old in old_by.items():
@@ -289,6 +297,8 @@ def change_plan(
                 else []
             ),
             "not_removed": not_removed,
+            # Written but not started: their MIG instance does not exist yet (waits_for).
+            "waiting": {unit: units.waiting_line(unit, waits) for unit, waits in pinned.waiting},
             "slices": {key: pinned.slices[key] for key in ("new", "changed", "removed")},
             "reload": pinned.reload_needed or daemon_actions.reload_needed,
         },
@@ -333,6 +343,7 @@ def change_summary(changes: dict) -> str:
         ("restarted", restarted),
         ("stopped", len(unit_actions["stop"]) + len(unit_actions["stop_through"])),
         ("awaiting a restart", len(unit_actions["awaiting_restart"])),
+        ("waiting for a MIG instance", len(unit_actions.get("waiting") or ())),
     )
     units_text = [f"{count} {label}" for label, count in counts if count]
     slices = sum(len(names) for names in unit_actions["slices"].values())
@@ -364,13 +375,20 @@ def change_lines(changes: dict) -> list:
     ]
     if not changes["recorded"]:
         lines.append("  (no recorded plan on the host: every placement is planned from scratch)")
+
+    def waits(item: dict) -> str:
+        return f" ({item['waits']})" if item.get("waits") else ""
+
     for item in placements["added"]:
-        lines.append(f"  + add     {item['name']}: {item['to']}")
+        lines.append(f"  + add     {item['name']}: {item['to']}{waits(item)}")
     for item in placements["unrecorded"]:
-        lines.append(f"  ? planned {item['name']}: {item['to']} (its unit exists; not recorded)")
+        lines.append(
+            f"  ? planned {item['name']}: {item['to']} (its unit exists; not recorded){waits(item)}"
+        )
     for item in placements["moved"]:
         lines.append(
             f"  ~ move    {item['name']}: {item['from']} -> {item['to']} ({item['reason']})"
+            f"{waits(item)}"
         )
     for item in placements["removed"]:
         lines.append(f"  - remove  {item['name']}: {item['from']}")
@@ -378,7 +396,7 @@ def change_lines(changes: dict) -> list:
         if item.get("changed"):
             lines.append(
                 f"  = keep    {item['name']}: {item['at']} ({item['changed']}; its resources "
-                "are kept)"
+                f"are kept){waits(item)}"
             )
     labels = (
         ("start", "start"),
@@ -398,6 +416,8 @@ def change_lines(changes: dict) -> list:
     ):
         for unit, cause in unit_actions[key].items():
             lines.append(f"  {label}: {unit} ({cause})")
+    for line in (unit_actions.get("waiting") or {}).values():
+        lines.append(f"  {line}")
     for path in unit_actions.get("not_removed") or ():
         lines.append(
             f"  not removed: {path} (listed by a manifest, but not as numafleet wrote it: "

@@ -407,9 +407,13 @@ def _units(params: dict, host, ran: list) -> dict:
     changes = units.plan_changes(current, desired, owned)
     manifest_change = units.plan_manifest(manifest, desired)
     plan_change = units.plan_record_change(root, plan_path, params["plan"])
+    # Placements whose MIG instance does not exist yet are written, never started; those that
+    # waited in the recorded plan and wait no more are started now.
+    waiting = units.waiting_units(params["plan"])
+    waited = units.recorded_waiting(plan_change.before)
     if plan_change.state == "create" and not desired and not manifest.files:
         plan_change = None  # nothing planned, nothing written before: nothing to record
-    actions = units.plan_actions(changes)
+    actions = units.plan_actions(changes, waiting, waited)
     if not host.check_mode:
         if systemd and actions.disable:
             systemctl = host.get_bin_path("systemctl", required=True)
@@ -423,6 +427,14 @@ def _units(params: dict, host, ran: list) -> dict:
 
     for item in kept:
         host.warn(item.message())
+    for unit in sorted(set(waiting) & set(actions.units["changed"])):
+        waits = waiting[unit]
+        host.warn(
+            f"{unit}: its unit file changed, but it is not restarted: it waits for MIG instance "
+            f"{waits.get('mig_instance')} ({waits.get('reason')}). If it runs (started by "
+            "hand), it runs as before, without its planned MIG device: stop it until the "
+            "instance exists"
+        )
     every = [change for change in changes + [manifest_change, plan_change] if change is not None]
     handlers = systemd and not host.check_mode
     result = dict(
@@ -437,6 +449,7 @@ def _units(params: dict, host, ran: list) -> dict:
         handler_restart=list(actions.restart) if handlers else [],
         handler_try_restart=list(actions.try_restart) if handlers else [],
         handler_start=list(actions.start) if handlers else [],
+        waiting=actions.waiting_dicts(),
     )
     if host.diff:
         result["diff"] = [change.as_diff() for change in every if change.state != "unchanged"]

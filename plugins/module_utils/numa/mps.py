@@ -206,8 +206,10 @@ def _daemon(entry: dict, where: str) -> Daemon:
 def plan_daemons(plan: dict) -> tuple[list[Daemon], list[str]]:
     """(daemons to run sorted by unit, warnings for daemons skipped); raises UnitRenderError.
 
-    A daemon of a MIG instance that does not exist yet (``instance`` None) is skipped with a
-    warning: it gets its unit once the instance is created and the plan is made again.
+    A daemon of a MIG instance that does not exist yet (``instance`` None; ``waits_for`` as its
+    client's) is skipped with a warning: no unit is written or started for it; it gets its unit,
+    and is started, once the instance exists and the plan is made again (host_apply's re-plan
+    after the MIG layer, or the next run).
     """
     if not isinstance(plan, dict):
         raise UnitRenderError(f"plan is {type(plan).__name__}, not a mapping; {_REPLAN}")
@@ -229,10 +231,17 @@ def plan_daemons(plan: dict) -> tuple[list[Daemon], list[str]]:
             raise UnitRenderError(f"{prefix}{where} is not a mapping; {_REPLAN}")
         clients = entry.get("clients") or []
         if entry.get("instance") is None and "instance" in entry:
+            waits = entry.get("waits_for") if isinstance(entry.get("waits_for"), dict) else {}
+            why = (
+                f" (waits for MIG instance {waits.get('mig_instance')}: {waits.get('reason')}; "
+                "not started until it exists)"
+                if waits
+                else ""
+            )
             warnings.append(
                 f"{prefix}MPS daemon for {', '.join(str(c) for c in clients) or 'no client'} on "
                 f"GPU {entry.get('gpu_address')} skipped: its MIG instance does not exist yet; "
-                "create it (numafleet.tuning.nvidia_mig) and plan again"
+                f"create it (numafleet.tuning.nvidia_mig) and plan again{why}"
             )
             continue
         try:

@@ -98,6 +98,7 @@ class _Gpu:
         "memory_mib",
         "mig_mode",
         "mig_mode_current",
+        "mig_mode_pending",
         "mig_declared",
         "mig_leaving",
         "mig_supported",
@@ -125,6 +126,8 @@ class _Gpu:
         mig = entry.get("mig") or {}
         self.mig_mode = mig.get("mode_current")
         self.mig_mode_current = self.mig_mode
+        # The mode the driver applies at the next GPU reset (nvidia-smi's pending_mig).
+        self.mig_mode_pending = mig.get("mode_pending", self.mig_mode)
         self.mig_declared = None  # the numafleet_mig_gpus entry of this GPU
         self.mig_leaving = False  # declared disabled while MIG is on: not a whole GPU yet
         profiles = mig.get("supported_profiles")
@@ -190,6 +193,45 @@ class _Gpu:
         if self.memory_mib is None or not pinned_kb:
             return True
         return self.mps_pinned_kb + pinned_kb <= self.memory_mib * 1024
+
+
+# Why a placement's MIG instance does not exist yet (its plan entry's waits_for.reason).
+WAIT_PENDING_RESET = "mode change pending a reset"
+WAIT_MODE_THEN_CREATE = "created in this run once MIG mode is on"
+WAIT_CREATE = "created in this run"
+
+
+def waits_for_instance(gpu: _Gpu, profile: str, start: int) -> dict:
+    """waits_for of a placement whose MIG instance does not exist yet (no I/O).
+
+    {"mig_instance": "<profile> at slice <start> of GPU <address>", "gpu": address, "profile",
+    "start", "reason"}: reason is WAIT_PENDING_RESET when the GPU's MIG mode is set but pending
+    until a GPU reset (facts mig.mode_pending "enabled", mode_current not), WAIT_MODE_THEN_CREATE
+    when MIG mode is off (the MIG layer enables it, then creates the instance, unless the GPU
+    needs a reset first), else WAIT_CREATE (the MIG layer creates it in this run).
+    """
+    if gpu.mig_mode_current == "enabled":
+        reason = WAIT_CREATE
+    elif gpu.mig_mode_pending == "enabled":
+        reason = WAIT_PENDING_RESET
+    else:
+        reason = WAIT_MODE_THEN_CREATE
+    return {
+        "mig_instance": f"{profile} at slice {start} of GPU {gpu.address}",
+        "gpu": gpu.address,
+        "profile": profile,
+        "start": start,
+        "reason": reason,
+    }
+
+
+def waits_text(entry: dict) -> str:
+    """'waits for MIG instance 1g.10gb at slice 2 of GPU 0000:17:00.0: created in this run', or
+    '' for a plan entry (placement) that waits for nothing."""
+    waits = entry.get("waits_for")
+    if not isinstance(waits, dict):
+        return ""
+    return f"waits for MIG instance {waits.get('mig_instance')}: {waits.get('reason')}"
 
 
 class _Fit:
@@ -1568,9 +1610,9 @@ class _Planner:
             }
         environment: dict = {}
         if fit.gpus:
-            gpus_out, visible, mps_out = self._gpu_part(p, fit, environment, warnings)
+            gpus_out, visible, mps_out, waits = self._gpu_part(p, fit, environment, warnings)
         else:
-            gpus_out, visible, mps_out = [], "", None
+            gpus_out, visible, mps_out, waits = [], "", None, None
         for key, value in p.environment:
             if key in environment:
                 raise PlacementError(
@@ -1606,6 +1648,7 @@ class _Planner:
             "cuda_visible_devices": visible,
             "mps": mps_out,
             "environment": dict(sorted(environment.items())) if environment else {},
+            "waits_for": waits,
             "hardening": p.hardening,
             # as written (p may carry the node of its near: device by now)
             "request": self.requests.get(p.index) or placement_request(p),
@@ -1626,12 +1669,15 @@ class _Planner:
         visible = ",".join(devices) if all(devices) else ""
         if any(g.vendor == "nvidia" or (g.uuid or "").startswith("GPU-") for g in fit.gpus):
             environment["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        waits = None
         if visible:
             environment["CUDA_VISIBLE_DEVICES"] = visible
         elif fit.mig is not None and not fit.mig[3]:
             # The instance does not exist yet: no GPU at all rather than every GPU the process
-            # would otherwise see. The plan made after it is created names it.
+            # would otherwise see. The unit is written but not enabled or started (waits_for);
+            # the plan made after the instance is created names it.
             environment["CUDA_VISIBLE_DEVICES"] = ""
+            waits = waits_for_instance(fit.gpus[0], p.mig_profile, fit.mig[0])
         if mps_out is not None:
             environment["CUDA_MPS_PIPE_DIRECTORY"] = mps_out["pipe_dir"]
             if mps_out["active_thread_percentage"] is not None:
@@ -1656,11 +1702,11 @@ class _Planner:
                 f"GPU {', '.join(missing_uuid)} has no UUID (not NVIDIA, or NVML unavailable): "
                 "CUDA_VISIBLE_DEVICES is not set; select the device in the program"
             )
-        elif fit.mig is not None and not fit.mig[3]:
+        elif waits is not None:
             warnings.append(
-                f"MIG instance {p.mig_profile} at slice {fit.mig[0]} of GPU "
-                f"{fit.gpus[0].address} does not exist yet: CUDA_VISIBLE_DEVICES is empty (no "
-                "GPU) until it is created and the plan is made again"
+                f"MIG instance {waits['mig_instance']} does not exist yet ({waits['reason']}): "
+                "its unit is written with CUDA_VISIBLE_DEVICES empty (no GPU) but not enabled "
+                "or started until the instance exists and the plan is made again"
             )
         for gpu in fit.gpus:
             if gpu.cpu_node is not None and gpu.cpu_node not in fit.nodes:
@@ -1668,7 +1714,7 @@ class _Planner:
                     f"GPU {gpu.address} is on node {gpu.node}, not next to the placement's CPUs "
                     f"(node {', '.join(str(n) for n in fit.nodes)}): its traffic crosses nodes"
                 )
-        return gpus_out, visible, mps_out
+        return gpus_out, visible, mps_out, waits
 
     def _commit_gpus(self, p, fit: _Fit) -> tuple:
         gpus_out, devices = [], []
@@ -1936,6 +1982,7 @@ def _gpus_out(state: _Host, order: dict) -> tuple:
                     "log_dir": log,
                     "clients": list(gpu.mps_clients),
                     "active_thread_percentage": max(gpu.mps_pct) if gpu.mps_pct else None,
+                    "waits_for": None,
                 }
             )
         if gpu.use is not None:
@@ -2001,6 +2048,8 @@ def _mig_daemons(plan_placements: list) -> list:
                 "log_dir": entry["mps"]["log_dir"],
                 "clients": [entry["name"]],
                 "active_thread_percentage": entry["mps"]["active_thread_percentage"],
+                # Its MIG instance does not exist yet: no unit, never started (as its client).
+                "waits_for": entry.get("waits_for"),
             }
         )
     return daemons
@@ -2340,7 +2389,8 @@ def placement_text(entry: dict) -> str:
 def plan_summary(plan: dict) -> str:
     """One line per host: '<host>: 2 placements: a node0 cpus 2-17 gpus 17:00.0; ...; 1 warning'.
 
-    A placement anchored with near: ends in ' near <BB:DD.F>' (' near 4b:00.0').
+    A placement anchored with near: ends in ' near <BB:DD.F>' (' near 4b:00.0'); one whose MIG
+    instance does not exist yet in ' (waits for MIG instance ...: <reason>)' (waits_text).
     """
     placements = plan.get("placements") or []
     parts = []
@@ -2349,6 +2399,8 @@ def plan_summary(plan: dict) -> str:
         near = entry.get("near")
         if near:
             text += f" near {_short_address(near['address'])}"
+        if entry.get("waits_for"):
+            text += f" ({waits_text(entry)})"
         parts.append(text)
     count = len(placements)
     line = f"{plan.get('host')}: {count} placement{'' if count == 1 else 's'}"
@@ -2360,4 +2412,11 @@ def plan_summary(plan: dict) -> str:
     return line
 
 
-__all__ = ["PLACEMENTS_VAR", "parse_recorded", "placement_request", "plan_host", "plan_summary"]
+__all__ = [
+    "PLACEMENTS_VAR",
+    "parse_recorded",
+    "placement_request",
+    "plan_host",
+    "plan_summary",
+    "waits_text",
+]

@@ -764,27 +764,76 @@ class Actions:
     start: tuple
     # Units pinned by a drop-in: restarted only if running (try-restart), never started here.
     try_restart: tuple = ()
+    # (unit, waits_for) of placements whose MIG instance does not exist yet: never started.
+    waiting: tuple = ()
 
     def would_run(self) -> list[str]:
-        """The systemctl command lines, in the order they are to run."""
+        """The systemctl command lines, in the order they are to run, then one line per waiting
+        unit (no command: what happens to it once its MIG instance exists)."""
         lines = [f"systemctl disable --now {unit}" for unit in self.disable]
         if self.reload_needed:
             lines.append("systemctl daemon-reload")
         lines.extend(f"systemctl restart {unit}" for unit in self.restart)
         lines.extend(f"systemctl try-restart {unit}" for unit in self.try_restart)
         lines.extend(f"systemctl enable --now {unit}" for unit in self.start)
+        lines.extend(waiting_line(unit, waits) for unit, waits in self.waiting)
         return lines
+
+    def waiting_dicts(self) -> list[dict]:
+        """The module's ``waiting`` result: [{unit, mig_instance, gpu, profile, start, reason}]."""
+        return [dict({"unit": unit}, **waits) for unit, waits in self.waiting]
+
+
+def waiting_line(unit: str, waits: dict) -> str:
+    """'<unit>: not started, waits for MIG instance <...>: <reason>' (a would-run line)."""
+    reason = waits.get("reason")
+    then = (
+        "enabled and started once it exists"
+        if reason != "mode change pending a reset"
+        else "enabled and started by the first run after the GPU reset"
+    )
+    return (
+        f"{unit}: not started, waits for MIG instance {waits.get('mig_instance')}: {reason}; {then}"
+    )
+
+
+def waiting_units(plan) -> dict:
+    """{unit: waits_for} of the plan's placements whose MIG instance does not exist yet.
+
+    A plan from before waits_for (or not a plan) has none.
+    """
+    placements = plan.get("placements") if isinstance(plan, dict) else None
+    found = {}
+    for entry in placements if isinstance(placements, list) else ():
+        if isinstance(entry, dict) and isinstance(entry.get("waits_for"), dict):
+            if isinstance(entry.get("unit"), str):
+                found[entry["unit"]] = entry["waits_for"]
+    return found
+
+
+def recorded_waiting(text: Optional[str]) -> set:
+    """The units that waited for their MIG instance in the recorded plan's ``text`` (None: no
+    file); an unreadable record waits for nothing."""
+    try:
+        return set(waiting_units(json.loads(text))) if text else set()
+    except ValueError:
+        return set()
 
 
 _UNIT_STATE = {"create": "new", "update": "changed", "remove": "removed", "unchanged": "unchanged"}
 
 
-def plan_actions(changes: list[FileChange]) -> Actions:
+def plan_actions(changes: list[FileChange], waiting: Optional[dict] = None, waited=()) -> Actions:
     """Units and slices by state, and the services to disable, (try-)restart and start; no I/O.
 
     numafleet-*.service units are restarted; units pinned by a drop-in are only try-restarted
     (restarted if running), so that a vendor service that was stopped stays stopped.
+    ``waiting`` ({unit: waits_for}, waiting_units of the plan): units whose MIG instance does not
+    exist yet; they are written but never enabled, started or (try-)restarted. ``waited``: the
+    units that waited in the plan applied last (recorded_waiting); one that waits no more was
+    never started, so it is enabled and started (not restarted), even when its file is unchanged.
     """
+    waiting = waiting or {}
     units: dict = {state: [] for state in ("new", "changed", "removed", "unchanged")}
     slices: dict = {state: [] for state in ("new", "changed", "removed", "unchanged")}
     disable, restart, start, try_restart = [], [], [], []
@@ -794,6 +843,11 @@ def plan_actions(changes: list[FileChange]) -> Actions:
             slices[state].append(unit)
             continue
         units[state].append(unit)
+        if unit in waiting and state != "removed":
+            continue
+        if unit in waited and state in ("changed", "unchanged") and not is_dropin(change.path):
+            start.append(unit)
+            continue
         if is_dropin(change.path):
             if state != "unchanged":
                 try_restart.append(unit)  # the user's unit: never enabled, disabled or started
@@ -811,6 +865,7 @@ def plan_actions(changes: list[FileChange]) -> Actions:
         restart=tuple(sorted(restart)),
         start=tuple(sorted(start)),
         try_restart=tuple(sorted(try_restart)),
+        waiting=tuple(sorted(waiting.items())),
     )
 
 

@@ -6,7 +6,9 @@ A check is one verdict on one subject (a service or ``nodeN``) of one host: ``pa
 
 Rules (docs/architecture.md, "Verify: metrics and checks"):
 
-- ``running``: the unit's cgroup has processes.
+- ``running``: the unit's cgroup has processes. A placement whose MIG instance does not exist
+  yet (plan ``waits_for``) is not started by design: ``running`` warns with the reason and its
+  other checks are skipped.
 - ``cpus_binding`` / ``mems_binding``: every process's ``Cpus_allowed_list`` / ``Mems_allowed_list``
   lies within the plan's cpus / mems.
 - ``offnode_share``: anonymous + hugetlb memory on nodes outside the plan's mems, as a percentage of
@@ -513,10 +515,32 @@ def _check_gpus(out: _Checks, name: str, placement: dict, entry: dict) -> None:
         )
 
 
+def _check_waiting(out: _Checks, placement: dict, entry: Optional[dict], checks) -> bool:
+    """Whether placement waits for its MIG instance (waits_for); then ``running`` warns with the
+    reason (not started by design: neither a failure nor a pass) and the other checks skip."""
+    waits = placement.get("waits_for")
+    if not isinstance(waits, dict):
+        return False
+    name, unit = str(placement.get("name")), placement.get("unit")
+    why = f"waits for MIG instance {waits.get('mig_instance')}: {waits.get('reason')}"
+    running = bool(entry and entry.get("running"))
+    message = (
+        f"{unit} runs although it {why}; it has no MIG device: stop it until the instance exists"
+        if running
+        else f"{unit} is not started: it {why}; it is started once the instance exists"
+    )
+    out.add("running", name, "warn", running, False, "bool", message, why)
+    for check in checks[1:]:
+        out.skip(check, name, why)
+    return True
+
+
 def _check_service(out: _Checks, placement: dict, entry: Optional[dict], thresholds: dict) -> None:
     name = str(placement.get("name"))
     has_gpus = bool(placement.get("gpus"))
     checks = SERVICE_CHECKS if has_gpus else SERVICE_CHECKS[:-1]
+    if _check_waiting(out, placement, entry, checks):
+        return
     if entry is None:
         out.add(
             "running",

@@ -187,8 +187,12 @@ def test_check_mode_writes_nothing_and_a_second_run_changes_nothing(run_module, 
     assert not second["failed"], second["msg"]
     assert second["changed"] is False
     assert all(not result["changed"] for result in second["layers"].values())
-    # A snapshot never changes: render mode predicts the same MIG commands again, nothing else.
-    assert second["would_run"] == second["layers"]["mig"]["would_run"]
+    # A snapshot never changes: render mode predicts the same MIG commands again, and the unit
+    # waiting for an instance still waits; nothing else.
+    assert second["would_run"] == second["layers"]["mig"]["would_run"] + [
+        "numafleet-classify.service: not started, waits for MIG instance 1g.10gb at slice 2 of "
+        "GPU 0000:17:00.0: created in this run; enabled and started once it exists"
+    ]
     assert not [line for line in second["would_run"] if line.startswith("systemctl")]
 
 
@@ -530,3 +534,188 @@ def test_a_bad_measurement_root_fails_naming_measure(run_module, demo_plan, demo
     )  # fmt: skip
     assert result["failed"] and result["msg"].startswith("host gpu-a100-01: measure: ")
     assert "cgroup_root" in result["msg"]
+
+
+# --- placements waiting for their MIG instance -------------------------------------------------
+
+CLASSIFY = "numafleet-classify.service"  # the demo's 1g.10gb at slice 2: created by the run
+NEW_1G = "MIG-11111111-2222-3333-4444-555555555555"
+
+
+def _create_1g(snapshot: str) -> None:
+    """What the MIG layer does to the recorded GPU 17:00.0: the 2g.20gb at slice 2 becomes two
+    1g.10gb instances (slices 2 and 3)."""
+    data = json.loads(Path(snapshot).read_text())
+    gpu = next(g for g in data["gpus"] if g["address"] == "0000:17:00.0")
+    mig = gpu["mig"]
+    instances = [gi for gi in mig["gpu_instances"] if gi["placement_start"] != 2]
+    for gi_id, (start, uuid) in enumerate(
+        ((2, NEW_1G), (3, "MIG-66666666-7777-8888-9999-000000000000")), start=7
+    ):
+        ci = {"id": 0, "mig_device_uuid": uuid, "profile_id": 0, "profile_name": "1g.10gb"}
+        instances.append(
+            {
+                "compute_instances": [ci],
+                "id": gi_id,
+                "mig_device_uuid": uuid,
+                "placement_size": 1,
+                "placement_start": start,
+                "profile_id": 19,
+                "profile_name": "1g.10gb",
+            }  # fmt: skip
+        )
+    mig["gpu_instances"] = instances
+    Path(snapshot).write_text(json.dumps(data))
+
+
+def _replan_settings(demo) -> dict:
+    host_vars = yaml.safe_load(HOST_VARS.read_text())
+    return {
+        "sysfs_root": f"{demo['fsroot']}/sys",
+        "procfs_root": f"{demo['fsroot']}/proc",
+        "gpu_snapshot": f"{demo['fsroot']}/gpu-snapshot.json",
+        "placements": host_vars["numafleet_placements"],
+        "tenants": host_vars["numafleet_tenants"],
+        "policy": {
+            "reserved_cpus": host_vars["numafleet_reserved_cpus"],
+            "memory_headroom_pct": host_vars["numafleet_memory_headroom_pct"],
+        },
+        "mig_gpus": host_vars["numafleet_mig_gpus"],
+    }
+
+
+def _visible(demo) -> list:
+    text = (Path(demo["root"]) / "etc/systemd/system" / CLASSIFY).read_text()
+    return [line for line in text.splitlines() if "CUDA_VISIBLE_DEVICES" in line]
+
+
+def test_a_waiting_placement_is_written_but_never_enabled_or_started(
+    run_module, demo_plan, demo, systemctl, monkeypatch
+):
+    (waits,) = [p["waits_for"] for p in demo_plan["placements"] if p["unit"] == CLASSIFY]
+    assert waits["reason"] == "created in this run"
+    result = run_module("host_apply", systemd_args(demo, demo_plan))
+    assert not result["failed"], result["msg"]
+    lines = calls(systemctl)
+    assert "enable --now numafleet-embed.service" in lines  # the others start
+    assert not [line for line in lines if CLASSIFY in line], lines
+    assert _visible(demo) == ['Environment="CUDA_VISIBLE_DEVICES="']
+    units = result["layers"]["units"]
+    assert CLASSIFY in units["units"]["new"] and CLASSIFY not in units["handler_start"]
+    assert units["waiting"] == [dict(waits, unit=CLASSIFY)]
+    # Its file changes while it still waits: not restarted either (it would run without a GPU).
+    systemctl.unlink()
+    unit = Path(demo["root"]) / "etc/systemd/system" / CLASSIFY
+    unit.write_text(unit.read_text() + "# edited\n")
+    monkeypatch.setattr(ansible_internal, "is_controller", False)  # warnings land in the result
+    ansible_warnings._global_warnings.clear()
+    again = run_module("host_apply", systemd_args(demo, demo_plan))
+    ansible_warnings._global_warnings.clear()
+    assert calls(systemctl) == ["daemon-reload"]
+    assert (
+        f"{CLASSIFY}: its unit file changed, but it is not restarted: it waits for MIG instance "
+        "1g.10gb at slice 2 of GPU 0000:17:00.0 (created in this run)"
+    ) in json.dumps(again["warnings"])
+    # check mode says what happens to it, and runs nothing
+    checked = run_module("host_apply", apply_args(demo, demo_plan), check_mode=True)
+    assert (
+        f"{CLASSIFY}: not started, waits for MIG instance 1g.10gb at slice 2 of GPU "
+        "0000:17:00.0: created in this run; enabled and started once it exists"
+    ) in checked["would_run"]
+    assert f"systemctl enable --now {CLASSIFY}" not in checked["would_run"]
+
+
+def test_the_replan_after_the_mig_layer_starts_the_waiting_unit_in_the_same_run(
+    run_module, demo_plan, demo, systemctl, monkeypatch
+):
+    from ansible_collections.numafleet.tuning.plugins.module_utils.numa import layers
+
+    def mig_creates(params, host, ran):
+        _create_1g(f"{demo['fsroot']}/gpu-snapshot.json")
+        return _mig_changed(params, host, ran)
+
+    monkeypatch.setitem(layers._RUNNERS, "mig", mig_creates)
+    args = systemd_args(demo, demo_plan, replan=_replan_settings(demo))
+    args["layers"] = ["hugepages", "mig", "units"]
+    result = run_module("host_apply", args)
+    assert not result["failed"], result["msg"]
+    (entry,) = [p for p in result["plan"]["placements"] if p["unit"] == CLASSIFY]
+    assert entry["waits_for"] is None
+    assert result["layers"]["units"]["waiting"] == []
+    assert f"enable --now {CLASSIFY}" in calls(systemctl)
+    assert _visible(demo) == [f'Environment="CUDA_VISIBLE_DEVICES={NEW_1G}"']
+    # The next run (numa_plan made the same plan from the new devices): nothing changes.
+    systemctl.unlink()
+    monkeypatch.setitem(layers._RUNNERS, "mig", lambda params, host, ran: dict(
+        _mig_changed(params, host, ran), changed=False, gpu_changed=False))  # fmt: skip
+    args = systemd_args(demo, result["plan"])
+    args["layers"] = ["hugepages", "mig", "units"]
+    again = run_module("host_apply", args)
+    assert not again["failed"], again["msg"]
+    assert calls(systemctl) == []
+    assert again["layers"]["units"]["changed"] is False
+
+
+def test_a_unit_that_waited_for_a_reset_is_started_by_the_run_after_it(
+    run_module, demo_plan, demo, systemctl
+):
+    """The plan applied last waited (mode pending a reset); after the reset the instance exists
+    and the next run enables and starts the unit instead of restarting a unit never started."""
+    waiting = json.loads(json.dumps(demo_plan))
+    for entry in waiting["placements"]:
+        if entry["unit"] == CLASSIFY:
+            entry["waits_for"]["reason"] = "mode change pending a reset"
+    first = run_module("host_apply", systemd_args(demo, waiting))
+    assert not first["failed"], first["msg"]
+    assert not [line for line in calls(systemctl) if CLASSIFY in line]
+    # The reset happened, the boot unit re-created the layout: the next plan names the device.
+    _create_1g(f"{demo['fsroot']}/gpu-snapshot.json")
+    from ansible_collections.numafleet.tuning.plugins.module_utils.numa import layers
+
+    later = layers.replan(waiting, _replan_settings(demo), _Host())
+    systemctl.unlink()
+    second = run_module("host_apply", systemd_args(demo, later))
+    assert not second["failed"], second["msg"]
+    assert second["layers"]["units"]["units"]["changed"] == [CLASSIFY]
+    assert calls(systemctl) == ["daemon-reload", f"enable --now {CLASSIFY}"]
+    systemctl.unlink()
+    third = run_module("host_apply", systemd_args(demo, later))
+    assert calls(systemctl) == [] and third["changed"] is False
+
+
+def _pending_reset(snapshot: str) -> None:
+    """GPU 17:00.0 with MIG mode set but pending a reset (Ampere): no instance yet."""
+    data = json.loads(Path(snapshot).read_text())
+    gpu = next(g for g in data["gpus"] if g["address"] == "0000:17:00.0")
+    gpu["mig"].update(mode_current="disabled", mode_pending="enabled", gpu_instances=[])
+    Path(snapshot).write_text(json.dumps(data))
+
+
+def test_while_a_reset_is_pending_the_waiting_units_are_no_drift(run_module, demo):
+    """The drift check (host_apply in check mode) after the apply: the MIG layer owes the reset,
+    the units layer has nothing to do although three placements wait for their instances."""
+    from ansible_collections.numafleet.tuning.plugins.module_utils.numa import layers
+
+    snapshot = f"{demo['fsroot']}/gpu-snapshot.json"
+    _pending_reset(snapshot)
+    empty = {"version": 1, "host": "gpu-a100-01", "placements": []}
+    plan = layers.replan(empty, _replan_settings(demo), _Host())
+    waiting = {p["name"]: p["waits_for"] for p in plan["placements"] if p["waits_for"]}
+    assert sorted(waiting) == ["classify", "embed", "rerank-mini-a"]
+    assert {w["reason"] for w in waiting.values()} == {"mode change pending a reset"}
+    assert [d for d in plan["mps_daemons"] if d["mig"]] == [
+        d for d in plan["mps_daemons"] if d["waits_for"]
+    ]
+    first = run_module("host_apply", apply_args(demo, plan))
+    assert not first["failed"], first["msg"]
+    assert first["reset_required"] is True
+    assert sorted(w["unit"] for w in first["layers"]["units"]["waiting"]) == [
+        "numafleet-classify.service",
+        "numafleet-embed.service",
+        "numafleet-rerank-mini-a.service",
+    ]
+    assert not [line for line in first["would_run"] if "enable --now numafleet-embed" in line]
+    drift = run_module("host_apply", apply_args(demo, plan), check_mode=True, diff=True)
+    assert drift["layers"]["units"]["changed"] is False
+    assert drift["layers"]["mps"]["changed"] is False
+    assert drift["reset_required"] is True  # the drift is the pending reset, in the MIG layer

@@ -130,6 +130,48 @@ def test_added_and_removed_placements_start_and_stop_their_units():
     assert result["refused"] == []
 
 
+WAITS = {
+    "mig_instance": "1g.10gb at slice 2 of GPU 0000:17:00.0",
+    "gpu": "0000:17:00.0",
+    "profile": "1g.10gb",
+    "start": 2,
+    "reason": "created in this run",
+}
+
+
+def test_a_placement_waiting_for_its_mig_instance_is_added_but_not_started():
+    first = plan_of(SERVICES)
+    new = plan_of([*SERVICES, p("e")], first)
+    new["placements"][-1]["waits_for"] = dict(WAITS)
+    unit_files, mps_files = rendered(new)
+    result = change_plan("h", first, new, unit_files, mps_files, applied(first))
+    (added,) = result["placements"]["added"]
+    assert added["waits"] == (
+        "waits for MIG instance 1g.10gb at slice 2 of GPU 0000:17:00.0: created in this run"
+    )
+    assert result["units"]["start"] == []
+    assert list(result["units"]["waiting"]) == ["numafleet-e.service"]
+    assert (
+        f"  + add     e: {added['to']} (waits for MIG instance 1g.10gb at slice 2 of GPU "
+        "0000:17:00.0: created in this run)"
+    ) in result["lines"]
+    assert (
+        "  numafleet-e.service: not started, waits for MIG instance 1g.10gb at slice 2 of GPU "
+        "0000:17:00.0: created in this run; enabled and started once it exists"
+    ) in result["lines"]
+    assert result["summary"] == "changes: 1 added; 1 waiting for a MIG instance"
+    # The run after the instance exists: the unit (never started) is started, not restarted.
+    done = plan_of([*SERVICES, p("e")], new)
+    unit_files, mps_files = rendered(done)
+    later = change_plan("h", new, done, unit_files, mps_files, applied(new))
+    assert later["units"]["start"] == ["numafleet-e.service"]
+    assert later["units"]["restart"] == [] and later["units"]["waiting"] == {}
+    assert later["summary"] == "changes: 1 started"
+    # and the run after that: no change
+    again = change_plan("h", done, done, unit_files, mps_files, applied(done))
+    assert again["summary"] == "no change" and again["units"]["start"] == []
+
+
 @pytest.mark.parametrize(
     ("services", "options", "refused"),
     [

@@ -147,6 +147,24 @@ def test_pending_mig_daemon_is_skipped_with_a_warning():
     ]
 
 
+def test_pending_mig_daemon_says_what_it_waits_for():
+    waits = {
+        "mig_instance": "2g.20gb at slice 2 of GPU 0000:17:00.0",
+        "reason": "mode change pending a reset",
+    }
+    pending = mig_entry(
+        instance=None, device_uuid=None, unit=None, pipe_dir="/run/x-mig4", waits_for=waits
+    )
+    daemons, warnings = mps.plan_daemons(make_plan(pending))
+    assert daemons == []
+    assert warnings[0].endswith(
+        "plan again (waits for MIG instance 2g.20gb at slice 2 of GPU 0000:17:00.0: mode change "
+        "pending a reset; not started until it exists)"
+    )
+    files = mps.render_files(daemons, units.DEFAULT_HEADER, UNIT_DIR)
+    assert not [path for path in files if "@." not in path]  # no daemon unit, only the template
+
+
 def test_daemons_are_sorted_by_unit():
     daemons, dummy = mps.plan_daemons(make_plan(daemon_entry(), mig_entry()))
     assert [d.instance for d in daemons] == [GPU, MIG]

@@ -12,11 +12,13 @@ import trees  # tests/unit/fixtures/trees.py (on sys.path through tests/unit/con
 from synthetic_hosts import synthetic, synthetic_gpu  # tests/unit/synthetic_hosts.py
 
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa import gpu, units
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa.cpulist import format_cpulist
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import (
     PlacementError,
     PlanError,
 )
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.planner import (
+    parse_recorded,
     plan_host,
     plan_summary,
 )
@@ -542,6 +544,8 @@ def test_new_mig_instance_takes_the_lowest_free_placement_start(machine_facts):
     # the new instance gets its own MPS daemon
     (daemon,) = result["mps_daemons"]
     assert daemon["clients"] == ["new"] and daemon["device_uuid"] is None
+    # no unit, never started: it waits for the instance as its client does
+    assert daemon["unit"] is None and daemon["waits_for"] == entry["waits_for"]
     assert daemon["active_thread_percentage"] == 50
     assert entry["mps"]["pipe_dir"] == daemon["pipe_dir"]
 
@@ -643,6 +647,7 @@ def test_mps_clients_share_a_gpu_and_one_daemon(machine_facts):
             "log_dir": f"/var/log/nvidia-mps/{uuid}",
             "clients": ["a", "b"],
             "active_thread_percentage": 60,
+            "waits_for": None,
             "instance": uuid,
             "unit": f"nvidia-mps@{uuid}.service",
             "gpu_uuid": uuid,
@@ -775,7 +780,7 @@ def test_plan_shape_and_summary(machine_facts):
         "name", "index", "unit", "unit_kind", "exec", "argv", "description", "user", "group",
         "tenant", "slice", "node", "nodes", "spans", "near", "cpus", "cpus_requested", "mems",
         "memory_node", "memory_kb", "hugepages", "gpus", "cuda_visible_devices", "mps",
-        "environment", "hardening", "request", "warnings",
+        "environment", "waits_for", "hardening", "request", "warnings",
     ]  # fmt: skip
     assert list(result["nodes"][0]) == [
         "id", "kind", "memory_kb", "budget_kb", "planned_memory_kb", "cpus_usable",
@@ -1760,3 +1765,104 @@ def test_plan_lists_the_mig_state_to_apply(machine_facts):
     undeclared = plan(machine_facts, A100, [p("w", gpus=1)])
     assert [entry["gpu"] for entry in undeclared["mig_gpus"]] == [MIG_GPU]
     assert plan(machine_facts, H100, [])["mig_gpus"] == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Placements whose MIG instance does not exist yet (waits_for)
+
+
+def _mig_off(machine_facts, pending: str) -> tuple:
+    """The A100 fixture with GPU 17:00.0's MIG mode off (mode_pending as given), no instance."""
+    numa, gpus = machine_facts(A100)
+    entry = next(g for g in gpus["gpus"] if g["address"] == MIG_GPU)
+    entry["mig"].update(mode_current="disabled", mode_pending=pending, gpu_instances=[])
+    return numa, gpus
+
+
+@pytest.mark.parametrize(
+    ("pending", "reason"),
+    [
+        ("enabled", "mode change pending a reset"),
+        ("disabled", "created in this run once MIG mode is on"),
+    ],
+)
+def test_placement_waits_for_an_instance_of_a_gpu_whose_mig_mode_is_off(
+    machine_facts, pending, reason
+):
+    numa, gpus = _mig_off(machine_facts, pending)
+    declared = [{"gpu": MIG_GPU, "layout": ["3g.40gb", "1g.10gb"]}]
+    result = plan_host(
+        "h", numa, gpus, [p("small", mig_profile="1g.10gb")], [], POLICY, mig_gpus=declared
+    )
+    small = by_name(result)["small"]
+    start = small["gpus"][0]["mig"]["placement_start"]
+    assert small["waits_for"] == {
+        "mig_instance": f"1g.10gb at slice {start} of GPU {MIG_GPU}",
+        "gpu": MIG_GPU,
+        "profile": "1g.10gb",
+        "start": start,
+        "reason": reason,
+    }
+    assert small["environment"]["CUDA_VISIBLE_DEVICES"] == ""
+    (warning,) = [w for w in small["warnings"] if "does not exist yet" in w]
+    assert f"({reason})" in warning and "not enabled or started" in warning
+    assert (
+        f"gpus 17:00.0 mig 1g.10gb@{start} (waits for MIG instance 1g.10gb at slice {start} "
+        f"of GPU {MIG_GPU}: {reason}); 1 warning"
+    ) in plan_summary(result)
+
+
+def test_placement_waits_for_an_instance_created_in_this_run(machine_facts):
+    declared = [
+        {"gpu": MIG_GPU, "layout": ["3g.40gb", {"profile": "2g.20gb", "start": 0}, "1g.10gb"]}
+    ]
+    result = plan_mig(machine_facts, A100, [p("small", mig_profile="1g.10gb")], declared)
+    small = by_name(result)["small"]
+    assert small["waits_for"]["reason"] == "created in this run"
+    assert small["waits_for"]["mig_instance"] == f"1g.10gb at slice 2 of GPU {MIG_GPU}"
+    assert (
+        f"small node0 cpus {format_cpulist(small['cpus'])} gpus 17:00.0 mig 1g.10gb@2 "
+        f"(waits for MIG instance 1g.10gb at slice 2 of GPU {MIG_GPU}: created in this run)"
+    ) in plan_summary(result)
+
+
+def test_placement_on_an_existing_instance_waits_for_nothing(machine_facts):
+    result = plan(machine_facts, A100, [p("e", mig_profile="3g.40gb"), p("w", gpus=1)])
+    for entry in result["placements"]:
+        assert entry["waits_for"] is None, entry["name"]
+    e = by_name(result)["e"]
+    assert e["environment"]["CUDA_VISIBLE_DEVICES"].startswith("MIG-")
+    assert "waits for" not in plan_summary(result)
+
+
+def test_waiting_placement_gets_its_instance_in_the_plan_made_after_it_exists(machine_facts):
+    """The re-plan (or the next run): the recorded slot is kept and the new device named."""
+    declared = [
+        {"gpu": MIG_GPU, "layout": ["3g.40gb", {"profile": "2g.20gb", "start": 0}, "1g.10gb"]}
+    ]
+    numa, gpus = machine_facts(A100)
+    first = plan_host(
+        "h", numa, gpus, [p("small", mig_profile="1g.10gb")], [], POLICY, mig_gpus=declared
+    )
+    assert by_name(first)["small"]["waits_for"] is not None
+    # The MIG layer destroyed the 2g.20gb at 2 and created the 1g.10gb there.
+    entry = next(g for g in gpus["gpus"] if g["address"] == MIG_GPU)
+    created = dict(
+        next(i for i in entry["mig"]["gpu_instances"] if i["placement_start"] == 2),
+        profile_name="1g.10gb",
+        placement_size=1,
+        mig_device_uuid="MIG-00000000-1111-2222-3333-444444444444",
+    )
+    entry["mig"]["gpu_instances"] = [
+        i for i in entry["mig"]["gpu_instances"] if i["placement_start"] != 2
+    ] + [created]
+    recorded = parse_recorded("h", {"state": "present", "plan": first}, "/etc/numafleet/plan.json")
+    again = plan_host(
+        "h", numa, gpus, [p("small", mig_profile="1g.10gb")], [], POLICY, mig_gpus=declared,
+        recorded=recorded,
+    )  # fmt: skip
+    small = by_name(again)["small"]
+    assert small["waits_for"] is None
+    assert small["cpus"] == by_name(first)["small"]["cpus"]
+    assert small["environment"]["CUDA_VISIBLE_DEVICES"] == created["mig_device_uuid"]
+    assert not any("does not exist yet" in w for w in small["warnings"])

@@ -596,6 +596,61 @@ def test_plan_actions_and_would_run():
     assert actions.try_restart == ("old.service", "vllm.service")
 
 
+WAITS = {
+    "mig_instance": "1g.10gb at slice 2 of GPU 0000:17:00.0",
+    "gpu": "0000:17:00.0",
+    "profile": "1g.10gb",
+    "start": 2,
+    "reason": "created in this run",
+}
+
+
+def test_a_unit_waiting_for_its_mig_instance_is_written_but_never_started():
+    changes = [
+        units.FileChange(A, "create", None, "a"),
+        units.FileChange(B, "update", "o", "b"),
+        units.FileChange(D, "create", None, "d"),
+    ]
+    waiting = {"numafleet-a.service": WAITS, "numafleet-b.service": WAITS}
+    actions = units.plan_actions(changes, waiting)
+    assert actions.start == () and actions.restart == ()
+    assert actions.try_restart == ("vllm.service",)  # not waiting
+    assert actions.units["new"] == ["numafleet-a.service", "vllm.service"]
+    assert actions.would_run() == [
+        "systemctl daemon-reload",
+        "systemctl try-restart vllm.service",
+        "numafleet-a.service: not started, waits for MIG instance 1g.10gb at slice 2 of GPU "
+        "0000:17:00.0: created in this run; enabled and started once it exists",
+        "numafleet-b.service: not started, waits for MIG instance 1g.10gb at slice 2 of GPU "
+        "0000:17:00.0: created in this run; enabled and started once it exists",
+    ]
+    assert actions.waiting_dicts()[0] == dict(WAITS, unit="numafleet-a.service")
+    reset = units.waiting_line("x.service", dict(WAITS, reason="mode change pending a reset"))
+    assert reset.endswith(
+        ": mode change pending a reset; enabled and started by the first run after the GPU reset"
+    )
+
+
+@pytest.mark.parametrize("state", ["update", "unchanged"])
+def test_a_unit_that_waited_last_time_is_started_not_restarted(state):
+    changes = [units.FileChange(A, state, "a", "a" if state == "unchanged" else "b")]
+    actions = units.plan_actions(changes, {}, {"numafleet-a.service"})
+    assert actions.start == ("numafleet-a.service",) and actions.restart == ()
+    # it still waits: nothing
+    assert (
+        units.plan_actions(changes, {"numafleet-a.service": WAITS}, {"numafleet-a.service"}).start
+        == ()
+    )
+
+
+def test_waiting_units_of_a_plan_and_of_its_record():
+    plan = {"placements": [{"unit": "a.service", "waits_for": WAITS}, {"unit": "b.service"}]}
+    assert units.waiting_units(plan) == {"a.service": WAITS}
+    assert units.waiting_units({"placements": "bad"}) == {} and units.waiting_units(None) == {}
+    assert units.recorded_waiting(json.dumps(plan)) == {"a.service"}
+    assert units.recorded_waiting(None) == set() and units.recorded_waiting("{not json") == set()
+
+
 def test_nothing_changed_needs_no_reload():
     actions = units.plan_actions([units.FileChange(A, "unchanged", "a", "a")])
     assert actions.reload_needed is False and actions.would_run() == []

@@ -217,6 +217,41 @@ def test_service_not_running_fails_and_skips_the_rest():
     )
 
 
+WAITS = {
+    "mig_instance": "1g.10gb at slice 2 of GPU 0000:17:00.0",
+    "gpu": "0000:17:00.0",
+    "profile": "1g.10gb",
+    "start": 2,
+    "reason": "mode change pending a reset",
+}
+
+
+@pytest.mark.parametrize("running", [False, True])
+def test_a_placement_waiting_for_its_mig_instance_warns_not_fails(running):
+    gpus = [{"address": GPU, "uuid": "GPU-1", "node": 0, "mig": {"profile": "1g.10gb"}}]
+    plan = make_plan(placement(gpus=gpus, waits_for=WAITS))
+    measured = service(running=running, pids=[7] if running else [])
+    checks = verify.evaluate(HOST, plan, measure(measured))
+    check = pick(checks, "running", "embed")
+    why = (
+        "waits for MIG instance 1g.10gb at slice 2 of GPU 0000:17:00.0: mode change pending a reset"
+    )
+    assert (check.status, check.detail) == ("warn", why)
+    if running:
+        assert check.message.startswith(f"numafleet-embed.service runs although it {why}")
+    else:
+        assert check.message == (
+            f"numafleet-embed.service is not started: it {why}; it is started once the "
+            "instance exists"
+        )
+    rest = [c for c in checks if c.subject == "embed" and c.check != "running"]
+    assert {(c.status, c.detail) for c in rest} == {("skipped", why)}
+    # not measured at all (never started): the same warning, no failure
+    alone = verify.evaluate(HOST, plan, measure())
+    assert pick(alone, "running", "embed").status == "warn"
+    assert "fail" not in {c.status for c in alone}
+
+
 def test_service_missing_from_the_measurement_fails():
     checks = verify.evaluate(HOST, make_plan(placement()), measure(service("other")))
     running = pick(checks, "running", "embed")
