@@ -163,7 +163,7 @@ def run_playbook(fleet: Fleet, playbook: Path, label: str, forks: int, fact_cach
         os.environ,
         ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
         ANSIBLE_CALLBACK_PLUGINS=str(ROOT / "benchmarks" / "callback_plugins"),
-        ANSIBLE_CALLBACKS_ENABLED="numafleet.tuning.drift_report,module_count",
+        ANSIBLE_CALLBACKS_ENABLED="module_count",
         ANSIBLE_FORKS=str(forks),
         NUMAFLEET_MODULE_LOG=str(log),
         NUMAFLEET_MODULE_COUNTS=str(counts),

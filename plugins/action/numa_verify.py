@@ -24,6 +24,7 @@ ARGUMENT_SPEC = dict(
     measured=dict(type="raw"),
     unit_states=dict(type="raw"),
     render_mode=dict(type="bool", default=False),
+    require_runtime=dict(type="bool", default=False),
     fail_on_failure=dict(type="bool", default=True),
     thresholds=dict(type="raw", default={}),
     host=dict(type="str"),
@@ -120,6 +121,8 @@ class ActionModule(ControllerAction):
                 render_mode=args["render_mode"],
                 unit_states=plain(args["unit_states"]),
             )
+            if args["require_runtime"]:
+                checks = verify.require_runtime(checks)
             summary = verify.summary_line(host, checks)
         except NumaTuneError as exc:
             msg = str(exc)
@@ -139,6 +142,8 @@ class ActionModule(ControllerAction):
             checks=[check.as_dict() for check in checks],
             summary=summary,
             status=status,
+            status_text=verify.status_text(checks),
+            not_run=counts["skipped"],
             counts=counts,
             measured=plain(measured),
         )

@@ -21,11 +21,16 @@ from ansible_collections.numafleet.tuning.plugins.plugin_utils._controller impor
     ControllerAction,
     plain,
 )
-from ansible_collections.numafleet.tuning.plugins.plugin_utils._reports import write_atomic
+from ansible_collections.numafleet.tuning.plugins.plugin_utils._reports import (
+    default_report_dir,
+    installed_collection_holding,
+    write_atomic,
+)
 
 ARGUMENT_SPEC = dict(
-    report_dir=dict(type="path", required=True),
+    report_dir=dict(type="path"),
     result_var=dict(type="str"),
+    failure_var=dict(type="str"),
     state=dict(type="str", choices=["present", "absent"], default="present"),
     hosts=dict(type="list", elements="str"),
     run=dict(type="dict", default={}),
@@ -33,9 +38,12 @@ ARGUMENT_SPEC = dict(
 FILES = {"json": "verify.json", "junit": "verify.junit.xml", "prometheus": "verify.prom"}
 
 
-def not_verified(host: str, result) -> dict:
-    """The one check of a host whose numa_verify produced no checks (failed earlier, unreachable)."""
+def not_verified(host: str, result, failure=None) -> dict:
+    """The one check of a host whose numa_verify produced no checks (failed earlier, unreachable);
+    ``failure`` is {task, msg} of the task that failed on the host (the play's rescue), if known."""
     why = result.get("msg") if isinstance(result, dict) else None
+    if isinstance(failure, dict) and failure.get("msg"):
+        why = f"{failure.get('task') or 'a task'}: {failure['msg']}"
     message = (
         f"verify did not run on this host: {why}"
         if why
@@ -64,14 +72,27 @@ class ActionModule(ControllerAction):
     def run(self, tmp=None, task_vars=None):
         task_vars = task_vars or {}
         result, dummy, args = self.start(tmp, task_vars)
-        folder = os.path.abspath(args["report_dir"])
-        if not args["report_dir"].strip() or folder == os.path.abspath(os.sep):
+        given = args["report_dir"]
+        folder = default_report_dir() if given is None else os.path.abspath(given)
+        if (given is not None and not given.strip()) or folder == os.path.abspath(os.sep):
             result.update(
                 failed=True,
                 msg=(
-                    f"numafleet.tuning.verify_report: report_dir {args['report_dir']!r} is not a "
+                    f"numafleet.tuning.verify_report: report_dir {given!r} is not a "
                     "report directory; set numafleet_report_dir to a directory of its own on the "
                     "controller, e.g. /var/lib/numafleet/reports"
+                ),
+            )
+            return result
+        inside = installed_collection_holding(folder)
+        if inside:
+            result.update(
+                failed=True,
+                msg=(
+                    f"numafleet.tuning.verify_report: the report directory {folder} lies inside "
+                    f"the installed collection {inside}; run ansible-playbook from your own "
+                    "project directory (reports go to <cwd>/reports) or set numafleet_report_dir "
+                    "to a directory of your project"
                 ),
             )
             return result
@@ -110,13 +131,19 @@ class ActionModule(ControllerAction):
                 found = plain(hostvars[host].get(name)) if host in hostvars else None
             except AnsibleError:  # an undefined or broken registered value: not verified
                 found = None
+            failure = None
+            if args["failure_var"] and host in hostvars:
+                try:
+                    failure = plain(hostvars[host].get(args["failure_var"]))
+                except AnsibleError:
+                    failure = None
             if isinstance(found, dict) and isinstance(found.get("checks"), list):
                 checks.extend(found["checks"])
                 if isinstance(found.get("measured"), dict):
                     measured[host] = found["measured"]
             else:
                 missing.append(host)
-                checks.append(not_verified(host, found))
+                checks.append(not_verified(host, found, failure))
 
         run = dict(plain(args["run"]) or {})
         run.setdefault("generated_at", datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
@@ -148,10 +175,12 @@ class ActionModule(ControllerAction):
             changed=False,
             files=paths,
             status=report["status"],
+            status_text=report["status_text"],
+            report_dir=folder,
             hosts_by_status=report["totals"]["hosts_by_status"],
             not_verified=missing,
             summary=(
-                f"verify report of {report['totals']['hosts']} host(s), status {report['status']}: "
+                f"verify report of {report['totals']['hosts']} host(s), status {report['status_text']}: "
                 f"{', '.join(paths[key] for key in FILES)}"
             ),
         )

@@ -60,6 +60,14 @@ options:
         set). Runtime checks are then skipped with the reason.
     type: bool
     default: false
+  require_runtime:
+    description:
+      - Whether a runtime check that was not run (skipped, for example in render mode or with
+        nothing to measure) fails instead, with the reason it was not run
+        (C(numafleet_verify_require_runtime)). The static check C(rendered_units) is never
+        skipped for that reason.
+    type: bool
+    default: false
   fail_on_failure:
     description:
       - Whether the task fails when a check failed. With V(false) it returns the checks and the
@@ -213,12 +221,25 @@ summary:
   description: One line for the host, with counts by status and the first failures and warnings.
   returned: unless the inputs are unusable
   type: str
-  sample: "gpu-a100-01: 4 passed, 0 failed, 16 skipped"
+  sample: "gpu-a100-01: 4 passed, 0 failed, 16 skipped; status pass (render: 16 of 20 checks not run)"
 status:
   description: V(fail) if any check failed, else V(warn) if any warned, else V(pass) if any passed, else V(skipped).
   returned: unless the inputs are unusable
   type: str
   sample: pass
+status_text:
+  description:
+    - RV(status) for people, with the number of checks not run (skipped) when there are any, and
+      C(render:) when all of them were skipped in render mode. A pass with most checks skipped
+      never reads as a plain pass.
+  returned: unless the inputs are unusable
+  type: str
+  sample: "pass (render: 16 of 20 checks not run)"
+not_run:
+  description: Number of checks not run (skipped).
+  returned: unless the inputs are unusable
+  type: int
+  sample: 16
 counts:
   description: Number of checks by status.
   returned: unless the inputs are unusable

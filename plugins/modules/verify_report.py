@@ -16,13 +16,17 @@ description:
   - Gathers the checks that M(numafleet.tuning.numa_verify) returned on every host of the play
     (the variable O(result_var) registered on each of O(hosts), including hosts whose verify
     failed) and writes three files into O(report_dir) on the controller.
-  - "C(verify.json): the report of schema C(numafleet.verify/1): generated_at, run, status, per
-    host its status, summary line, counts and checks, and totals."
-  - C(verify.junit.xml) is JUnit XML with a testsuite per host and a testcase per host, check and
-    subject. Failed checks are failures, skipped checks are skipped, and warnings are passing
-    testcases with a C(WARN) line in C(system-out).
+  - "C(verify.json): the report of schema C(numafleet.verify/1): generated_at, run, status,
+    status_text, per host its status, status_text, not_run, summary line, counts and checks, and
+    totals. C(status) is the machine field (pass, warn, fail, skipped); C(status_text) adds the
+    number of checks not run, such as C(pass (render: 27 of 34 checks not run)), and C(not_run)
+    counts them, so that a pass with most checks skipped never reads as a plain pass."
+  - C(verify.junit.xml) is JUnit XML with a testsuite per host (properties C(status),
+    C(status_text), C(not_run) and C(warnings)) and a testcase per host, check and subject.
+    Failed checks are failures, skipped checks are skipped, and warnings are passing testcases
+    with a C(WARN) line in C(system-out).
   - C(verify.prom) is a Prometheus text exposition for node_exporter's textfile collector, with
-    C(numafleet_check_status), C(numafleet_verify_checks),
+    C(numafleet_check_status), C(numafleet_verify_checks), C(numafleet_verify_checks_not_run),
     C(numafleet_verify_last_run_timestamp_seconds) and the measured
     C(numafleet_offnode_share_ratio), C(numafleet_remote_access_ratio),
     C(numafleet_node_memory_used_ratio) and C(numafleet_node_allocation_miss_ratio), labelled with
@@ -36,13 +40,20 @@ options:
   report_dir:
     description:
       - Directory on the controller that receives the three files. It is created when missing.
-        An empty string and C(/) are refused.
+        A relative path is taken from the directory ansible-playbook runs in.
+      - Defaults to C(<cwd>/reports), where C(cwd) is the directory ansible-playbook runs in (your
+        project). An empty string, C(/) and a directory inside an installed copy of this
+        collection are refused.
     type: path
-    required: true
   result_var:
     description:
       - Name of the variable each host registered the result of M(numafleet.tuning.numa_verify) in.
       - Required with O(state=present).
+    type: str
+  failure_var:
+    description:
+      - Name of the variable a host sets when a task failed on it or it was unreachable (the
+        play's C(rescue)), a dict with C(task) and C(msg); its check C(verified) names them.
     type: str
   state:
     description:
@@ -101,7 +112,7 @@ EXAMPLES = r"""
 
 - name: Write the verify report on the controller
   numafleet.tuning.verify_report:
-    report_dir: "{{ playbook_dir }}/../reports"
+    report_dir: "{{ numafleet_report_dir | default(omit) }}"
     result_var: verify_result
     run:
       playbook: verify.yml
@@ -146,6 +157,16 @@ status:
   returned: success
   type: str
   sample: pass
+status_text:
+  description: RV(status) with the number of checks not run, when any were skipped.
+  returned: success
+  type: str
+  sample: "pass (54 of 68 checks not run)"
+report_dir:
+  description: The directory the files were written in (absolute).
+  returned: success
+  type: str
+  sample: /srv/project/reports
 hosts_by_status:
   description: Number of hosts per status.
   returned: success

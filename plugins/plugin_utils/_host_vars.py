@@ -793,21 +793,34 @@ HOST_VARS = (
         type_text="number",
     ),
     HostVar(
+        "numafleet_verify_require_runtime",
+        "bool",
+        False,
+        "true: a runtime verify check that was not run (skipped: render mode, nothing to "
+        "measure) fails; false: it is reported as not run (status 'pass (render: 27 of 34 "
+        "checks not run)').",
+        (VERIFY, DRIFT),
+        checked_by="numafleet.tuning.numa_verify",
+    ),
+    HostVar(
         "numafleet_report_dir",
         "path",
         None,
-        "Controller directory that receives verify.json, verify.junit.xml and verify.prom; "
-        "created when missing (read from the first host). An empty string and / are refused.",
-        (VERIFY,),
-        checked_by="numafleet.tuning.verify_report",
-        default_text="reports/ next to playbooks/",
+        "Controller directory of the reports: verify.yml writes verify.json, verify.junit.xml and "
+        "verify.prom into it, drift_check.yml one run directory per run under its drift/ (read "
+        "from the first host); created when missing. A relative path is taken from the directory "
+        "ansible-playbook runs in. An empty string, / and a directory inside the installed "
+        "collection are refused.",
+        (VERIFY, DRIFT),
+        checked_by="numafleet.tuning.verify_report and numafleet.tuning.drift_report",
+        default_text="reports/ in the directory ansible-playbook runs in (your project)",
     ),
     HostVar(
         "numafleet_drift_fail",
         "bool",
         True,
-        "drift_check.yml fails (exit status 2) when a host drifted or failed a verify check; "
-        "false only reports.",
+        "drift_check.yml fails each host that drifted or failed a verify check (exit status 2); "
+        "false only reports them (a host where a task failed, or unreachable, still fails).",
         (DRIFT,),
         checked_by="the measurement-settings check of drift_check.yml",
     ),
@@ -843,8 +856,8 @@ INVENTORY_ROLE_INPUTS = {
 FACT_NAMES = ("numafleet_changes", "numafleet_plan", "numafleet_recorded", "numafleet_state_paths")
 # Variables a playbook sets for its play: set at host level they do nothing.
 PLAY_VARIABLES = {
-    "numafleet_drift_run": "drift_check.yml sets it for its own play, where the drift_report "
-    "callback reads it",
+    "numafleet_drift_run": "drift_check.yml set it for its own play up to 0.2, for the drift_report "
+    "callback, which writes nothing now",
 }
 
 

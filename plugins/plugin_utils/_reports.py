@@ -1,5 +1,5 @@
 # Private to this collection: may change in any release.
-"""Controller-side report files (verify_report action, drift_report callback)."""
+"""Controller-side report files (verify_report and drift_report actions): where and how."""
 
 from __future__ import annotations
 
@@ -25,3 +25,29 @@ def write_atomic(path: str, text: str) -> None:
         if os.path.exists(temp):
             os.unlink(temp)
         raise
+
+
+# This collection's root directory (plugins/plugin_utils/_reports.py -> ../..).
+COLLECTION_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def default_report_dir(cwd: str | None = None) -> str:
+    """``<cwd>/reports``: the default of numafleet_report_dir, under the directory ansible-playbook
+    runs in (the user's project), never under the collection."""
+    return os.path.join(os.path.abspath(cwd or os.getcwd()), "reports")
+
+
+def installed_collection_holding(path: str, root: str = COLLECTION_ROOT) -> str | None:
+    """The collection's root when ``path`` lies inside an installed copy of it, else None.
+
+    An installed collection (``ansible-galaxy collection install``) has a MANIFEST.json at its
+    root; a source checkout has none, and its ``reports/`` is git-ignored and never built.
+    Links are resolved on both sides.
+    """
+    real_root = os.path.realpath(root)
+    if not os.path.isfile(os.path.join(real_root, "MANIFEST.json")):
+        return None
+    real = os.path.realpath(path)
+    if real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep):
+        return real_root
+    return None

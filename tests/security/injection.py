@@ -342,7 +342,8 @@ LEFT_OUT = {
         "facts task, before the plan, and nothing is written"
     ),
     "numafleet_report_dir, numafleet_capture_dir": (
-        "controller directories of verify.yml and capture_topology.yml, which write no host"
+        "controller directories of verify.yml, drift_check.yml and capture_topology.yml, which "
+        "write no host"
     ),
     "numafleet_serial, numafleet_max_fail_percentage": "play keywords (extra vars only)",
     "numafleet_verify_*, numafleet_*_pct": "numbers of verify.yml and drift_check.yml",

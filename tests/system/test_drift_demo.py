@@ -9,9 +9,10 @@ and one untouched control host (to keep the test near 3 minutes):
 * qemu-2node-01: node1's 2 MiB pool in the scratch sysfs set from 64 to 32 pages;
 * epyc-nps4-01: the rendered numafleet-vision.service removed.
 
-The callback numafleet.tuning.drift_report (enabled in the checkout's ansible.cfg) writes the
-report under NUMAFLEET_DRIFT_REPORT_DIR; the three files are read with json, xml.etree and
-prometheus_client's parser.
+The playbook writes the report itself (task numafleet.tuning.drift_report, no callback): the clean
+run into <numafleet_report_dir>/drift, the drift run into NUMAFLEET_DRIFT_REPORT_DIR (as the
+drift_timer role sets it); the three files are read with json, xml.etree and prometheus_client's
+parser. Each drifted host fails as itself; the untouched host does not fail.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ CONTROL = "gh200-01"
 DRIFTED = sorted({EDITED[0], POOL[0], REMOVED[0]})
 LAYERS = ("hugepages", "numa_kernel", "nvidia_mig", "nvidia_mps", "pinned_services", "verify")
 SUMMARY_TASK = "Print the drift summary"
-FINAL_TASK = "Fail when drift or verify failures were found"
+FINAL_TASK = "Fail the host when it drifted, failed or was unreachable"
 
 
 @dataclass
@@ -97,8 +98,9 @@ def fleet(tmp_path_factory, ansible_ready):
     snapshots = {}
     site = ansible_playbook(REPO / "site.yml", inventory)
     snapshots["site"] = digests()
-    env = {"NUMAFLEET_DRIFT_REPORT_DIR": str(base / "reports-clean")}
-    clean = ansible_playbook(PLAYBOOK, inventory, env=env)
+    clean = ansible_playbook(
+        PLAYBOOK, inventory, "-e", f"numafleet_report_dir={base / 'reports-clean'}"
+    )
     snapshots["clean"] = digests()
 
     unit = base / ".demo" / EDITED[0] / EDITED[1]
@@ -126,7 +128,7 @@ def fleet(tmp_path_factory, ansible_ready):
         site,
         clean,
         drift,
-        read_report(base / "reports-clean"),
+        read_report(base / "reports-clean" / "drift"),
         read_report(base / "reports-drift"),
         snapshots,
         pool_before,
@@ -143,7 +145,7 @@ def test_fresh_fleet_has_zero_drift(fleet):
     assert run.rc == 0, run.explain()
     assert report is not None, run.explain()
     data = report.data
-    assert data["format"] == "numafleet.tuning/drift-report" and data["version"] == 1
+    assert data["format"] == "numafleet.tuning/drift-report" and data["version"] == 2
     assert data["inventory"] == [str(fleet.base / "inventories" / "demo")]
     assert data["playbook"] == str(PLAYBOOK)
     assert data["started"] <= data["finished"]
@@ -179,9 +181,9 @@ def test_drift_check_writes_nothing_on_the_hosts(fleet):
 def test_report_keeps_runs_and_points_latest(fleet):
     report = fleet.clean_report
     assert report is not None
-    folders = [p for p in (fleet.base / "reports-clean").iterdir() if not p.is_symlink()]
+    folders = [p for p in (fleet.base / "reports-clean" / "drift").iterdir() if not p.is_symlink()]
     assert [p.name for p in folders] == [report.folder.name]
-    assert os.readlink(fleet.base / "reports-clean" / "latest") == report.folder.name
+    assert os.readlink(fleet.base / "reports-clean" / "drift" / "latest") == report.folder.name
     assert sorted(p.name for p in report.folder.iterdir()) == [
         "drift.json",
         "drift.junit.xml",
@@ -189,13 +191,19 @@ def test_report_keeps_runs_and_points_latest(fleet):
     ]
 
 
-def test_deliberate_drift_fails_the_run(fleet):
+def test_deliberate_drift_fails_each_drifted_host_as_itself(fleet):
     run = fleet.drift
     assert run.rc == 2, run.explain()
-    final = run.results(task=FINAL_TASK)
-    assert len(final) == 1 and final[0]["status"] == "failed", run.explain()
-    assert f"on {', '.join(DRIFTED)} (" in final[0]["msg"]
-    assert CONTROL not in final[0]["msg"]
+    final = {r["host"]: r for r in run.results(task=FINAL_TASK)}
+    assert sorted(final) == sorted([*DRIFTED, CONTROL]), run.explain()
+    for host in DRIFTED:
+        assert final[host]["status"] == "failed", final[host]
+        assert final[host]["msg"].startswith(f"{host}: drift; "), final[host]["msg"]
+    assert final[CONTROL]["status"] == "skipped", final[CONTROL]
+    # Blame: only the drifted hosts have a failed task, the untouched one none.
+    assert run.stats[CONTROL]["failures"] == 0, run.stats
+    for host in DRIFTED:
+        assert run.stats[host]["failures"] == 1, run.stats
 
 
 def test_edited_unit_is_reported(fleet):
@@ -203,7 +211,8 @@ def test_edited_unit_is_reported(fleet):
     assert report is not None, fleet.drift.explain()
     host, path = EDITED[0], "/" + EDITED[1].split("/", 1)[1]
     entry = report.data["hosts"][host]
-    assert entry["status"] == "fail"  # the rendered_units check fails as well
+    # A hand-edited unit of ours is drift; its rendered_units check fails as well, and says so.
+    assert entry["status"] == "drift", entry["summary"]
     (drift,) = entry["drift"]
     assert drift["role"] == "pinned_services"
     assert drift["changes"] == [
@@ -269,7 +278,7 @@ def test_removed_unit_is_reported(fleet):
     assert report is not None, fleet.drift.explain()
     host, path = REMOVED[0], "/" + REMOVED[1].split("/", 1)[1]
     entry = report.data["hosts"][host]
-    assert entry["status"] == "fail"
+    assert entry["status"] == "drift", entry["summary"]
     (drift,) = entry["drift"]
     assert drift["role"] == "pinned_services"
     (change,) = drift["changes"]
@@ -290,8 +299,8 @@ def test_untouched_host_stays_clean(fleet):
         **report.data["totals"],
         "hosts": 4,
         "clean": 1,
-        "drift": 1,
-        "fail": 2,
+        "drift": 3,
+        "fail": 0,
         "unreachable": 0,
         "changes": 3,
     }
@@ -306,8 +315,11 @@ def test_bad_measurement_setting_fails_with_the_roles_inputs(fleet):
         PLAYBOOK, inventory, "--limit", CONTROL, "-e", "numafleet_drift_fail=maybe", env=env
     )
     assert run.rc != 0, run.explain()
-    (failed,) = [r for r in run.results(CONTROL) if r["status"] == "failed"]
-    assert failed["task"] == "Plan placements", failed
+    # The plan fails (recorded by the rescue), then the host fails as itself at the end: a failed
+    # task fails the host whatever numafleet_drift_fail says.
+    failed = [r for r in run.results(CONTROL) if r["status"] == "failed"]
+    assert [r["task"] for r in failed] == ["Plan placements", FINAL_TASK], failed
+    failed = failed[0]
     assert failed["msg"].startswith(f"host {CONTROL}: numafleet_verify_window_s is '5'"), failed
     assert "numafleet_drift_fail is 'maybe'" in failed["msg"]
     assert "numafleet_drift_fail is true or false." in failed["msg"]

@@ -230,13 +230,11 @@ def test_rendered_timer_and_service(rendered):
     assert settings["StandardOutput"] == "journal" and settings["StandardError"] == "journal"
     assert settings["RuntimeDirectory"] == "numafleet-drift"
     assert [value for key, value in pairs if key == "Environment"] == [
-        '"ANSIBLE_CALLBACKS_ENABLED=numafleet.tuning.drift_report"',
         '"ANSIBLE_CONFIG=/srv/ansible/ansible.cfg"',
         '"NUMAFLEET_DRIFT_REPORT_DIR=/var/lib/numafleet/drift"',
         '"NUMAFLEET_DRIFT_REPORT_KEEP=7"',
     ]
     assert sd.environment(" ".join(v for k, v in pairs if k == "Environment")) == {
-        "ANSIBLE_CALLBACKS_ENABLED": "numafleet.tuning.drift_report",
         "ANSIBLE_CONFIG": "/srv/ansible/ansible.cfg",
         "NUMAFLEET_DRIFT_REPORT_DIR": "/var/lib/numafleet/drift",
         "NUMAFLEET_DRIFT_REPORT_KEEP": "7",

@@ -94,6 +94,7 @@ CONTROLLER_SIDE = {
     "ansible.builtin.assert",
     "ansible.builtin.debug",
     "ansible.builtin.fail",
+    "ansible.builtin.set_fact",
 }
 
 
@@ -116,7 +117,8 @@ def test_one_summary_line_per_host(fleet):
         line = fleet.verify.one(host, SUMMARY_TASK)["msg"]
         assert isinstance(line, str) and "\n" not in line
         assert line.startswith(f"{host}: ") and ", 0 failed, " in line, line
-        assert line.endswith(" skipped"), line
+        # Render mode: the line says the pass is one with most checks not run.
+        assert " skipped; status pass (render: " in line and line.endswith(" checks not run)"), line
 
 
 def _report(fleet, name="reports") -> dict:
@@ -147,6 +149,9 @@ def test_runtime_checks_skipped_with_reason_and_static_checks_pass(fleet):
             assert RENDER_REASON in check["message"], (host, check)
         assert entry["counts"]["pass"] == len(static), host
         assert entry["counts"]["skipped"] == len(runtime), host
+        total = len(static) + len(runtime)
+        assert entry["status_text"] == f"pass (render: {len(runtime)} of {total} checks not run)"
+        assert entry["not_run"] == len(runtime), host
     a100 = report["hosts"]["gpu-a100-01"]["checks"]
     subjects = {c["subject"] for c in a100 if c["check"] == "rendered_units"}
     assert {"numafleet-llm-70b.service", "numafleet-team\\x2da.slice", "manifest"} <= subjects

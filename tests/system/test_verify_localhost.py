@@ -63,7 +63,7 @@ def test_verify_runs_on_localhost(tmp_path, inventory):
     assert "numafleet_node_memory_used_ratio" in families, families
 
 
-def test_a_run_that_fails_before_its_report_leaves_no_stale_report(tmp_path, inventory):
+def test_a_run_whose_host_fails_replaces_the_stale_report_with_the_failure(tmp_path, inventory):
     reports = tmp_path / "reports"
     reports.mkdir()
     stale = reports / "verify.json"
@@ -81,7 +81,15 @@ def test_a_run_that_fails_before_its_report_leaves_no_stale_report(tmp_path, inv
     assert run.rc != 0, run.explain()
     evaluate = run.one("localhost", "Evaluate the verify checks")
     assert "numafleet_cross_node_target_pct" in evaluate["msg"], evaluate
-    assert not stale.exists(), "the previous run's report was left in place"
+    # The host's failure is recorded (rescue) and the report is written with it: never the
+    # previous run's pass.
+    report = json.loads(stale.read_text(encoding="utf-8"))
+    assert report["status"] == "fail", report
+    (verified,) = report["hosts"]["localhost"]["checks"]
+    assert verified["check"] == "verified", verified
+    assert "Evaluate the verify checks" in verified["message"], verified
+    assert "numafleet_cross_node_target_pct" in verified["message"], verified
+    assert run.one("localhost", "Fail the host when a verify check failed")["status"] == "failed"
     refused = ansible_playbook(
         REPO / "playbooks" / "verify.yml", inventory, "-e", "numafleet_report_dir=/"
     )

@@ -188,7 +188,8 @@ def test_large_fleet_config_parses(tmp_path):
     assert changed["DEFAULT_FORKS"] == "50"
     assert changed["INJECT_FACTS_AS_VARS"] == "False"
     assert changed["DEFAULT_STRATEGY"] == "linear"
-    assert changed["CALLBACKS_ENABLED"] == "['numafleet.tuning.drift_report']"
+    # drift_check.yml writes its report itself: no callback to enable (issue 21).
+    assert "CALLBACKS_ENABLED" not in changed
     assert changed["CACHE_PLUGIN"] == "ansible.builtin.jsonfile"
     assert changed["pipelining"] == "True"
     assert "ControlPersist=" in changed["ssh_args"]

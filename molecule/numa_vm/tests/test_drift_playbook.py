@@ -10,12 +10,12 @@ testinfra_hosts = ["numa-vm"]
 
 
 def run_drift(report_dir: Path) -> tuple:
-    """Run the drift playbook against the guest; (exit status, drift.json, output)."""
-    env = {
-        "ANSIBLE_CALLBACKS_ENABLED": "numafleet.tuning.drift_report",
-        "NUMAFLEET_DRIFT_REPORT_DIR": str(report_dir),
-    }
-    proc, output, seconds = run_playbook("drift_check.yml", env=env)
+    """Run the drift playbook against the guest; (exit status, drift.json, output). The playbook
+    writes the report itself (no callback); numafleet_report_dir puts it in <report_dir>/drift."""
+    proc, output, seconds = run_playbook(
+        "drift_check.yml", "-e", f"numafleet_report_dir={report_dir}"
+    )
+    report_dir = report_dir / "drift"
     report_file = report_dir / "latest" / "drift.json"
     assert report_file.exists(), f"no drift report (exit {proc.returncode}):\n{output[-4000:]}"
     report = json.loads(report_file.read_text())
@@ -57,6 +57,6 @@ def test_hand_made_change_on_the_guest_is_reported(host, tmp_path):
     assert guest["status"] == "drift", guest
     assert {entry["role"] for entry in guest["drift"]} == {"numa_kernel"}, guest["drift"]
     assert "numa_balancing" in json.dumps(guest["drift"]), guest["drift"]
-    metrics = (tmp_path / "drift" / "latest" / "drift.prom").read_text()
+    metrics = (tmp_path / "drift" / "drift" / "latest" / "drift.prom").read_text()
     assert f'numafleet_host_drift{{host="{HOST}"}} 1' in metrics
     record("drift_detected_s", report["_elapsed_s"])

@@ -34,7 +34,10 @@ JSON report schema ``numafleet.verify/1`` (``as_json_report``)::
      "generated_at": "2025-01-31T12:00:00Z",
      "run": {...whatever the caller passed besides generated_at...},
      "status": "pass|warn|fail|skipped",
+     "status_text": "pass (12 of 40 checks not run)",
      "hosts": {"<host>": {"status": ..., "summary": "<summary_line>",
+                          "status_text": "pass (render: 27 of 34 checks not run)",
+                          "not_run": n,
                           "counts": {"pass": n, "fail": n, "warn": n, "skipped": n},
                           "checks": [<check>, ...]}},
      "totals": {"hosts": n, "checks": n, "pass": n, "fail": n, "warn": n, "skipped": n,
@@ -42,7 +45,11 @@ JSON report schema ``numafleet.verify/1`` (``as_json_report``)::
 
 where ``<check>`` is ``Check.as_dict()``: host, check, subject, status, measured, target, unit,
 message, detail. A host's status is fail if any check failed, else warn if any warned, else pass if
-any passed, else skipped.
+any passed, else skipped. ``status`` stays the machine field; ``status_text`` says how many checks
+were not run (skipped), so a pass with most checks skipped never reads as a plain pass, and
+``not_run`` counts them (also in JUnit as the testsuite property ``not_run`` and in Prometheus as
+``numafleet_verify_checks_not_run``). With numafleet_verify_require_runtime, ``require_runtime``
+turns skipped runtime checks into failures.
 """
 
 from __future__ import annotations
@@ -776,6 +783,41 @@ def _status(counts: dict) -> str:
     return "skipped"
 
 
+def status_text(checks) -> str:
+    """The status of ``checks`` (Check objects) for people: 'pass', or with the checks not run,
+    'pass (render: 27 of 34 checks not run)' ('render: ' when all were skipped in render mode)."""
+    counts = _counts(checks)
+    status = _status(counts)
+    if not counts["skipped"]:
+        return status
+    skipped = [check for check in checks if check.status == "skipped"]
+    render = all(check.detail == RENDER_MODE_REASON for check in skipped)
+    total = sum(counts.values())
+    return f"{status} ({'render: ' if render else ''}{counts['skipped']} of {total} checks not run)"
+
+
+def require_runtime(checks) -> list:
+    """``checks`` (Check objects) with every skipped check that is not static (STATIC_CHECKS) turned
+    into a failure: numafleet_verify_require_runtime is true, so not run is not good enough."""
+    out = []
+    for check in checks:
+        if check.status == "skipped" and check.check not in STATIC_CHECKS:
+            check = Check(
+                check.host,
+                check.check,
+                check.subject,
+                "fail",
+                check.measured,
+                check.target,
+                check.unit,
+                f"not run ({check.detail or check.message}); numafleet_verify_require_runtime "
+                "is true",
+                "not run",
+            )
+        out.append(check)
+    return out
+
+
 def _by_host(checks) -> dict:
     hosts: dict = {}
     for check in map(as_check, checks):
@@ -784,7 +826,8 @@ def _by_host(checks) -> dict:
 
 
 def summary_line(host: str, checks) -> str:
-    """'<host>: 12 passed, 1 failed, 3 skipped; FAIL offnode_share embed 7.1% > 2%' for one host."""
+    """'<host>: 12 passed, 1 failed, 3 skipped; FAIL offnode_share embed 7.1% > 2%' for one host,
+    with '; status pass (N of M checks not run)' after the counts when checks were skipped."""
     mine = [check for check in map(as_check, checks) if check.host == host]
     counts = _counts(mine)
     parts = [f"{counts['pass']} passed"]
@@ -792,6 +835,8 @@ def summary_line(host: str, checks) -> str:
         parts.append(f"{counts['warn']} warned")
     parts += [f"{counts['fail']} failed", f"{counts['skipped']} skipped"]
     line = f"{host}: {', '.join(parts)}"
+    if counts["skipped"]:
+        line += f"; status {status_text(mine)}"
     problems = [c for c in mine if c.status == "fail"] + [c for c in mine if c.status == "warn"]
     notes = [
         f"{check.status.upper()} {check.check} {check.subject}"
@@ -839,6 +884,8 @@ def as_json_report(run: dict, checks) -> dict:
         status = _status(counts)
         hosts[host] = {
             "status": status,
+            "status_text": status_text(mine),
+            "not_run": counts["skipped"],
             "summary": summary_line(host, mine),
             "counts": counts,
             "checks": [check.as_dict() for check in mine],
@@ -851,6 +898,7 @@ def as_json_report(run: dict, checks) -> dict:
         "generated_at": generated_at,
         "run": {key: value for key, value in sorted(run.items()) if key != "generated_at"},
         "status": _status(by_status),
+        "status_text": _run_status_text(by_status, totals),
         "hosts": hosts,
         "totals": {
             "hosts": len(hosts),
@@ -859,6 +907,13 @@ def as_json_report(run: dict, checks) -> dict:
             "hosts_by_status": by_status,
         },
     }
+
+
+def _run_status_text(by_status: dict, totals: dict) -> str:
+    status = _status(by_status)
+    if not totals["skipped"]:
+        return status
+    return f"{status} ({totals['skipped']} of {sum(totals.values())} checks not run)"
 
 
 def _xml_text(value) -> str:
@@ -897,6 +952,8 @@ def as_junit_xml(checks, run: Optional[dict] = None) -> str:
         properties = ET.SubElement(suite, "properties")
         ET.SubElement(properties, "property", name="warnings", value=str(counts["warn"]))
         ET.SubElement(properties, "property", name="status", value=_status(counts))
+        ET.SubElement(properties, "property", name="status_text", value=status_text(mine))
+        ET.SubElement(properties, "property", name="not_run", value=str(counts["skipped"]))
         for check in mine:
             case = ET.SubElement(
                 suite,
@@ -947,6 +1004,8 @@ METRICS = {
     "numafleet_check_status": "1 for the status a verify check has, 0 for the other statuses "
     "(pass, fail, warn, skipped)",
     "numafleet_verify_checks": "Number of verify checks of the host by status",
+    "numafleet_verify_checks_not_run": "Number of verify checks of the host that were not run "
+    "(skipped: render mode, nothing to measure)",
     "numafleet_verify_last_run_timestamp_seconds": "Unix time the verify run was generated",
     "numafleet_offnode_share_ratio": "Share of a service's anonymous and hugetlb memory on nodes "
     "outside its planned mems (0-1)",
@@ -978,6 +1037,7 @@ def as_prometheus_text(checks, measured: Optional[dict] = None, run: Optional[di
             families["numafleet_verify_checks"].append(
                 ((("host", host), ("status", status)), counts[status])
             )
+        families["numafleet_verify_checks_not_run"].append(((("host", host),), counts["skipped"]))
     if run is not None:
         stamp = _timestamp(run)
         for host in sorted(set(hosts) | set(measured or {})):

@@ -87,7 +87,32 @@ def test_render_mode_skips_runtime_checks_and_passes_static():
     assert [c["status"] for c in static] == ["pass"]
     runtime = [c for c in result["checks"] if c["check"] != "rendered_units"]
     assert runtime and all(c["status"] == "skipped" for c in runtime)
-    assert result["summary"] == f"{HOST}: 1 passed, 0 failed, {len(runtime)} skipped"
+    n = len(runtime)
+    assert result["summary"] == (
+        f"{HOST}: 1 passed, 0 failed, {n} skipped; status pass (render: {n} of {n + 1} checks "
+        "not run)"
+    )
+    assert result["status"] == "pass" and result["not_run"] == n
+    assert result["status_text"] == f"pass (render: {n} of {n + 1} checks not run)"
+
+
+def test_require_runtime_fails_the_checks_not_run():
+    args = {
+        "measured": {"skipped": True},
+        "unit_states": UNCHANGED,
+        "render_mode": True,
+        "require_runtime": True,
+        "fail_on_failure": False,
+    }
+    result = run_action(VerifyAction, "numafleet.tuning.numa_verify", args, verify_vars())
+    assert result["status"] == "fail" and not result.get("failed")
+    runtime = [c for c in result["checks"] if c["check"] != "rendered_units"]
+    assert runtime and all(c["status"] == "fail" for c in runtime)
+    assert all("numafleet_verify_require_runtime is true" in c["message"] for c in runtime)
+    assert "render mode: nothing runs" in runtime[0]["message"]
+    static = [c for c in result["checks"] if c["check"] == "rendered_units"]
+    assert [c["status"] for c in static] == ["pass"]
+    assert result["status_text"] == "fail" and result["not_run"] == 0
     assert result["measured"] is None
 
 
@@ -158,18 +183,24 @@ def test_report_gathers_every_host_and_writes_three_parsable_files(tmp_path):
         "b-host": {"__v": bad},
         "c-host": {"__v": {"failed": True, "msg": "host c-host: verify threshold ..."}},
         "d-host": {},
+        "e-host": {"__f": {"task": "Gather NUMA and GPU topology", "msg": "unreachable: ssh"}},
     }
     task_vars = {
         "inventory_hostname": HOST,
-        "ansible_play_hosts_all": ["d-host", "c-host", "b-host", HOST],
+        "ansible_play_hosts_all": ["e-host", "d-host", "c-host", "b-host", HOST],
         "hostvars": hostvars,
     }
     folder = tmp_path / "new" / "reports"
-    args = {"report_dir": str(folder), "result_var": "__v", "run": {"playbook": "verify.yml"}}
+    args = {
+        "report_dir": str(folder),
+        "result_var": "__v",
+        "failure_var": "__f",
+        "run": {"playbook": "verify.yml"},
+    }
     result = run_action(ReportAction, "numafleet.tuning.verify_report", args, task_vars)
     assert not result.get("failed"), result
     assert result["changed"] is False and result["status"] == "fail"
-    assert result["not_verified"] == ["c-host", "d-host"]
+    assert result["not_verified"] == ["c-host", "d-host", "e-host"]
     assert sorted(p.name for p in folder.iterdir()) == [
         "verify.json",
         "verify.junit.xml",
@@ -178,11 +209,21 @@ def test_report_gathers_every_host_and_writes_three_parsable_files(tmp_path):
     report = json.loads((folder / "verify.json").read_text())
     assert report["run"] == {"playbook": "verify.yml"}
     statuses = {host: entry["status"] for host, entry in report["hosts"].items()}
-    assert statuses == {"b-host": "fail", "c-host": "fail", "d-host": "fail", HOST: "pass"}
+    assert statuses == {
+        "b-host": "fail",
+        "c-host": "fail",
+        "d-host": "fail",
+        "e-host": "fail",
+        HOST: "pass",
+    }
+    (e_check,) = report["hosts"]["e-host"]["checks"]
+    assert e_check["message"] == (
+        "verify did not run on this host: Gather NUMA and GPU topology: unreachable: ssh"
+    )
     (c_check,) = report["hosts"]["c-host"]["checks"]
     assert c_check["check"] == "verified" and "verify threshold" in c_check["message"]
     suites = {suite.name for suite in JUnitXml.fromfile(str(folder / "verify.junit.xml"))}
-    assert suites == {"b-host", "c-host", "d-host", HOST}
+    assert suites == {"b-host", "c-host", "d-host", "e-host", HOST}
     families = {
         f.name: f for f in text_string_to_metric_families((folder / "verify.prom").read_text())
     }

@@ -213,7 +213,8 @@ def test_service_not_running_fails_and_skips_the_rest():
     assert {c.status for c in rest} == {"skipped"}
     # only node0's memory passes: the skipped checks are not counted as passed
     assert verify.summary_line(HOST, checks) == (
-        f"{HOST}: 1 passed, 1 failed, 5 skipped; FAIL running embed not running"
+        f"{HOST}: 1 passed, 1 failed, 5 skipped; status fail (5 of 7 checks not run); "
+        "FAIL running embed not running"
     )
 
 
@@ -410,7 +411,9 @@ def test_render_mode_skips_runtime_checks_and_runs_the_static_one():
     assert {(c.status, c.message) for c in runtime} == {
         ("skipped", "skipped: render mode: nothing runs")
     }
-    assert verify.summary_line(HOST, checks) == f"{HOST}: 1 passed, 0 failed, 7 skipped"
+    assert verify.summary_line(HOST, checks) == (
+        f"{HOST}: 1 passed, 0 failed, 7 skipped; status pass (render: 7 of 8 checks not run)"
+    )
 
 
 def test_live_mode_needs_a_measurement():
@@ -529,7 +532,9 @@ def test_summary_line():
         f"{HOST}: 9 passed, 1 warned, 1 failed, 0 skipped; FAIL offnode_share embed 7.1% > 2%; "
         "WARN memory_used node0 85% >= 80%"
     )
-    assert verify.summary_line("cpu-01", checks) == "cpu-01: 1 passed, 0 failed, 1 skipped"
+    assert verify.summary_line("cpu-01", checks) == (
+        "cpu-01: 1 passed, 0 failed, 1 skipped; status pass (1 of 2 checks not run)"
+    )
 
 
 def test_summary_line_caps_the_problems():
@@ -629,7 +634,12 @@ def test_junit_xml_parses_with_junitparser():
         0,
         RUN["generated_at"],
     )
-    assert {p.name: p.value for p in suite.properties()} == {"warnings": "1", "status": "fail"}
+    assert {p.name: p.value for p in suite.properties()} == {
+        "warnings": "1",
+        "status": "fail",
+        "status_text": "fail",
+        "not_run": "0",
+    }
     cases = {(case.classname, case.name): case for case in suite}
     assert len(cases) == 11
     failed = cases[(f"{HOST}.offnode_share", "embed")]
@@ -729,3 +739,52 @@ def test_prometheus_series_appear_once():
     assert len(families["numafleet_check_status"].samples) == 4
     (share,) = families["numafleet_offnode_share_ratio"].samples
     assert share.value == 0.1
+
+
+# --- skipped is not pass (issue 21) -----------------------------------------------------------
+
+
+def render_checks(host=HOST):
+    passed = verify.Check(host, "rendered_units", "u.service", "pass", True, True, "file", "ok")
+    skipped = [
+        verify.Check(
+            host,
+            "running",
+            f"s{i}",
+            "skipped",
+            None,
+            True,
+            "bool",
+            f"skipped: {verify.RENDER_MODE_REASON}",
+            verify.RENDER_MODE_REASON,
+        )
+        for i in range(3)
+    ]
+    return [passed, *skipped]
+
+
+def test_status_text_says_how_many_checks_were_not_run():
+    checks = render_checks()
+    assert verify.status_text(checks) == "pass (render: 3 of 4 checks not run)"
+    assert verify.status_text(checks[:1]) == "pass"
+    no_pages = verify.Check(
+        HOST, "offnode_share", "e", "skipped", None, 2, "pct", "skipped: no pages", "no pages"
+    )
+    live = [*checks[:1], no_pages]
+    assert verify.status_text(live) == "pass (1 of 2 checks not run)"
+    report = verify.as_json_report(RUN, checks)
+    assert report["status"] == "pass"  # the machine field keeps its values
+    assert report["status_text"] == "pass (3 of 4 checks not run)"
+    assert report["hosts"][HOST]["status_text"] == "pass (render: 3 of 4 checks not run)"
+    assert report["hosts"][HOST]["not_run"] == 3
+    prom = verify.as_prometheus_text(checks, None, RUN)
+    assert f'numafleet_verify_checks_not_run{{host="{HOST}"}} 3.0' in prom.splitlines()
+
+
+def test_require_runtime_turns_skipped_runtime_checks_into_failures():
+    checks = verify.require_runtime(render_checks())
+    assert [c.status for c in checks] == ["pass", "fail", "fail", "fail"]
+    assert checks[1].message == (
+        "not run (render mode: nothing runs); numafleet_verify_require_runtime is true"
+    )
+    assert verify.status_text(checks) == "fail"
