@@ -49,6 +49,13 @@ ROLE_OF = {
 }
 
 
+def standing_drift(layer_result) -> list:
+    """The entries of a layer result's ``drift`` that count as drift (not ``pending``: a
+    difference render mode cannot make, such as a MIG layout against a read-only snapshot)."""
+    entries = (layer_result or {}).get("drift") if isinstance(layer_result, dict) else None
+    return [e for e in entries or () if isinstance(e, dict) and not e.get("pending")]
+
+
 class ActionModule(ActionBase):
     """Check and shape one host's inputs, then run the module host_apply once on the host."""
 
@@ -112,10 +119,16 @@ class ActionModule(ActionBase):
         )
         result["reboot_ok"] = applied.reboot_ok
         layer_results = result.get("layers") if isinstance(result.get("layers"), dict) else {}
+        # In check mode a layer also counts when the host differs from the plan in a way the
+        # apply would not change (its ``drift``: a pool held by pages in use, for example).
+        check = getattr(self._play_context, "check_mode", False) is True or (
+            getattr(self._task, "check_mode", None) is True
+        )
         result["changed_layers"] = [
             ROLE_OF[name]
             for name in _apply_args.ALL_LAYERS
             if (layer_results.get(name) or {}).get("changed")
+            or (check and standing_drift(layer_results.get(name)))
         ]
         if not result.get("failed"):
             result.setdefault("warnings", [])

@@ -23,6 +23,7 @@ ARGUMENT_SPEC = dict(
     plan=dict(type="dict"),
     measured=dict(type="raw"),
     unit_states=dict(type="raw"),
+    layer_states=dict(type="raw"),
     render_mode=dict(type="bool", default=False),
     require_runtime=dict(type="bool", default=False),
     fail_on_failure=dict(type="bool", default=True),
@@ -121,6 +122,10 @@ class ActionModule(ControllerAction):
                 render_mode=args["render_mode"],
                 unit_states=plain(args["unit_states"]),
             )
+            if args["layer_states"] is not None:
+                checks += verify.layer_checks(
+                    host, plain(args["layer_states"]), render_mode=args["render_mode"]
+                )
             if args["require_runtime"]:
                 checks = verify.require_runtime(checks)
             summary = verify.summary_line(host, checks)

@@ -294,6 +294,11 @@ layers:
       M(numafleet.tuning.nvidia_mig), M(numafleet.tuning.nvidia_mps) and
       M(numafleet.tuning.pinned_units)); a layer that did not run is absent. On failure, the
       layers that completed.
+    - The hugepages, kernel, mig and mps results have C(drift), every difference from the plan
+      found before the run (C(setting), C(planned), C(actual), C(reason), C(pending)), also where
+      the apply does not change it (a pool held above the plan by pages in use). The action
+      plugin's C(changed_layers) counts a layer with a C(drift) entry that is not C(pending) in
+      check mode, and M(numafleet.tuning.numa_verify) judges them (O(numafleet.tuning.numa_verify#module:layer_states)).
   returned: always
   type: dict
   sample: {units: {changed: true, files: [], reload_needed: true, would_run: [], ran: []}}
@@ -441,6 +446,8 @@ def main() -> None:
     except layers.LayerError as exc:
         _fail(module, exc.msg)
     options = {name: _layer_params(module, name, plan) for name in enabled}
+    if "mps" in options:  # render mode records a restarted daemon's defaults only if restarted
+        options["mps"]["restart"] = params["restart"]
 
     host = layers.ModuleHost(module, load_pynvml)
     results, ran, current = {}, [], None

@@ -208,6 +208,25 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+drift:
+  description:
+    - Every managed pool whose C(nr_hugepages) differs from its planned total before the run;
+      C(setting) is C(node<N> <size>kB pages), values are pages. C(reason) says why a run does
+      not fix it (pages in use hold the pool, or the size is reserved at boot and takes the
+      total at the next reboot), empty when this run writes it.
+    - Each entry is C(setting), C(planned), C(actual), C(reason) and C(pending) (true only for a
+      difference the run cannot make in this mode; it is neither drift nor a failed check).
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - setting: node0 2048kB pages
+      planned: 4096
+      actual: 8192
+      reason: >-
+        8192 pages in use (nr_hugepages - free_hugepages): a shrink stops at 8192; stop the
+        services holding them, then run again
+      pending: false
 pools:
   description:
     - Every managed pool of every node that has one, sorted by node and size, before and after

@@ -192,6 +192,17 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+drift:
+  description:
+    - Every managed setting whose value as read differs from the option before the run (the
+      RV(settings) entries with C(changed)); C(setting) is the setting name, such as
+      C(numa_balancing) or C(irq_affinity[42]).
+    - Each entry is C(setting), C(planned), C(actual), C(reason) and C(pending) (true only for a
+      difference the run cannot make in this mode; it is neither drift nor a failed check).
+  returned: always
+  type: list
+  elements: dict
+  sample: [{setting: numa_balancing, planned: 0, actual: 1, reason: "", pending: false}]
 settings:
   description:
     - Every setting the options manage, in a fixed order (O(numa_balancing),

@@ -29,6 +29,16 @@ description:
     plan)."
   - "Static check per unit: C(rendered_units) fails a unit whose file or drop-in would be created,
     updated or removed, and the subject C(manifest) when the manifest differs."
+  - "Layer checks, from the check-mode result of M(numafleet.tuning.host_apply) (O(layer_states)),
+    in render mode too: C(hugepage_pools) per node and page size (C(nr_hugepages) against the
+    plan; a pool held above the plan by pages in use fails with the reason), C(kernel_settings)
+    per managed knob (numa_balancing, zone_reclaim_mode, THP, numad, IRQBALANCE_BANNED_CPUS),
+    C(mig_layout) per planned MIG GPU (mode and instances by profile and placement start, read
+    through NVML, nvidia-smi or the GPU snapshot; in render mode a layout the read-only snapshot
+    cannot show is skipped with both layouts named), C(mps_settings) per planned MPS daemon (the
+    defaults the running daemon reports through nvidia-cuda-mps-control) and C(irq_affinity) per
+    IRQ of the plan's GPUs and NICs (C(/proc/irq/N/smp_affinity_list)). A layer that did not run
+    or has nothing to check (no GPU, IRQ pinning off) gives one skipped check with the reason."
   - "With O(render_mode=true) nothing runs on the host, so every runtime check is V(skipped) with
     the reason C(render mode: nothing runs); the static check still runs. Skipped never counts as
     passed."
@@ -53,6 +63,13 @@ options:
       - The C(files) list that M(numafleet.tuning.pinned_units) returns in check mode, a list of
         dicts with C(path) and C(state) (V(create), V(update), V(remove) or V(unchanged)).
       - V(null) skips the C(rendered_units) check.
+    type: raw
+  layer_states:
+    description:
+      - The C(layers) dict of the result of M(numafleet.tuning.host_apply) in check mode (layer
+        name to that layer's result; V(hugepages), V(kernel), V(mig) and V(mps) are read).
+      - V(null) (the default) leaves out the layer checks C(hugepage_pools), C(kernel_settings),
+        C(mig_layout), C(mps_settings) and C(irq_affinity).
     type: raw
   render_mode:
     description:
@@ -173,7 +190,9 @@ checks:
     check:
       description:
         - The rule, one of V(rendered_units), V(running), V(cpus_binding), V(mems_binding),
-          V(offnode_share), V(gpu_locality), V(memory_used) or V(hugepages_total).
+          V(offnode_share), V(gpu_locality), V(memory_used), V(hugepages_total),
+          V(hugepage_pools), V(kernel_settings), V(mig_layout), V(mps_settings) or
+          V(irq_affinity).
       returned: always
       type: str
       sample: offnode_share

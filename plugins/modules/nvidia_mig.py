@@ -207,6 +207,25 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+drift:
+  description:
+    - One entry per listed GPU whose mode or instances as read (NVML, nvidia-smi or the
+      snapshot) differ from the request before the run; C(setting) is C(GPU <address> MIG
+      layout), C(planned) and C(actual) are C(mode <mode>; <profile>@<start>, ...). With
+      O(snapshot) (render mode) the snapshot is never changed, so the entry is C(pending) (the
+      layout is made on the host itself); host_apply makes it standing drift when the snapshot
+      changed since the last render apply.
+    - Each entry is C(setting), C(planned), C(actual), C(reason) and C(pending) (true only for a
+      difference the run cannot make in this mode; it is neither drift nor a failed check).
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - setting: GPU 0000:17:00.0 MIG layout
+      planned: "mode enabled; 1g.10gb@2, 3g.40gb@4"
+      actual: "mode enabled; 2g.20gb@2, 3g.40gb@4"
+      reason: ""
+      pending: false
 gpus:
   description: Each listed GPU after the run (as predicted in check and render mode).
   returned: always

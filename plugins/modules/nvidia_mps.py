@@ -163,6 +163,16 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+drift:
+  description:
+    - One entry per default a running daemon reports other than the plan (RV(settings));
+      C(setting) is C(<unit> active_thread_percentage) or C(<unit> pinned_memory_limit_mib).
+    - Each entry is C(setting), C(planned), C(actual), C(reason) and C(pending) (true only for a
+      difference the run cannot make in this mode; it is neither drift nor a failed check).
+  returned: always
+  type: list
+  elements: dict
+  sample: [{setting: "nvidia-mps@GPU-1.service active_thread_percentage", planned: 50, actual: 100, reason: "", pending: false}]
 files:
   description:
     - Every file the module manages, as on the host (below O(root)), sorted by path, the manifest

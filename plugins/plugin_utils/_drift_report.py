@@ -320,8 +320,8 @@ def add_host(
     """Record what ``host`` registered in one drift play (all plain dicts, each may be None).
 
     ``plan`` is numa_plan's result (its ``changes`` lines), ``apply`` host_apply's check-mode
-    result (``layers``: a layer that reports ``changed`` or a non-empty ``foreign_overrides`` is
-    drift of that layer; ``layer`` names the layer of a failed apply), ``verify`` numa_verify's
+    result (``layers``: a layer that reports ``changed``, a non-pending entry in its ``drift`` list
+    or a non-empty ``foreign_overrides`` is drift of that layer; ``layer`` names the layer of a failed apply), ``verify`` numa_verify's
     result (``checks``, ``status_text``), ``failure`` {task, msg, layer} of the task that failed on
     the host, ``unreachable`` {task, msg} when the host could not be reached.
     """
@@ -342,7 +342,15 @@ def add_host(
             foreign = part.get("foreign_overrides") or []
             if not isinstance(foreign, list):
                 foreign = [foreign]
-            changed = bool(part.get("changed"))
+            # A layer's drift list: where the state differs from the plan although the apply
+            # would not change it now (a pool held by pages in use); pending entries (a layout a
+            # later step creates) are not drift.
+            drifted = [
+                entry
+                for entry in part.get("drift") or ()
+                if isinstance(entry, dict) and not entry.get("pending")
+            ]
+            changed = bool(part.get("changed")) or bool(drifted)
             run.layer_result(host, _role_of(name), changed or bool(foreign), False)
             if changed or foreign:
                 run.changed(

@@ -299,6 +299,10 @@ def test_every_host_has_a_manifest_of_what_it_owns(fleet):
             for p in files
             if "nvidia-mps@" in p or "mig" in p.rsplit("/", 1)[-1] or p.endswith("mps-units.json")
         }
+        # Render mode's recordings of the MPS daemons and MIG layouts (docs/architecture.md,
+        # "Render mode and the demo fleet"): the running state of the rendered host, not files
+        # site.yml installs.
+        gpu_files |= {p for p in files if p.startswith("var/lib/numafleet/render/")}
         assert owned == sorted(p for p in files if p not in others | gpu_files), host
         if gpu_files:
             mps = json.loads(files.get("etc/numafleet/mps-units.json", '{"files": []}'))

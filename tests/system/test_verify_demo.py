@@ -25,6 +25,7 @@ FAIL_TASK = "Fail the host when a verify check failed"
 REPORT_TASK = "Write the verify report on the controller"
 RENDER_REASON = "render mode: nothing runs"
 REPORT_FILES = ("verify.json", "verify.junit.xml", "verify.prom")
+LAYER_CHECKS = ("hugepage_pools", "kernel_settings", "mig_layout", "mps_settings", "irq_affinity")
 
 
 @dataclass
@@ -99,7 +100,7 @@ CONTROLLER_SIDE = {
 
 
 def test_render_mode_sends_two_modules_per_host(fleet):
-    """Facts (one module) + host_apply: the units layer in check mode (nothing is measured in
+    """Facts (one module) + host_apply: every layer in check mode (nothing is measured in
     render mode, where nothing runs)."""
     for host in fleet.hosts:
         ran = [r["action"] for r in fleet.verify.results(host) if r["status"] != "skipped"]
@@ -109,7 +110,8 @@ def test_render_mode_sends_two_modules_per_host(fleet):
             ran,
         )
         (apply,) = [r for r in fleet.verify.results(host) if r["action"].endswith("host_apply")]
-        assert list(apply["layers"]) == ["units"] and not apply["changed"], (host, apply)
+        assert {"hugepages", "kernel", "units"} <= set(apply["layers"]), (host, apply)
+        assert not apply["changed"], (host, apply)
 
 
 def test_one_summary_line_per_host(fleet):
@@ -141,17 +143,29 @@ def test_runtime_checks_skipped_with_reason_and_static_checks_pass(fleet):
     assert report["status"] == "pass"
     for host, entry in report["hosts"].items():
         static = [c for c in entry["checks"] if c["check"] == "rendered_units"]
-        runtime = [c for c in entry["checks"] if c["check"] != "rendered_units"]
+        layer = [c for c in entry["checks"] if c["check"] in LAYER_CHECKS]
+        runtime = [c for c in entry["checks"] if c not in static and c not in layer]
         assert static and all(c["status"] == "pass" for c in static), (host, static)
         assert runtime, host  # every demo host has at least one node with memory
         for check in runtime:
             assert check["status"] == "skipped", (host, check)
             assert RENDER_REASON in check["message"], (host, check)
-        assert entry["counts"]["pass"] == len(static), host
-        assert entry["counts"]["skipped"] == len(runtime), host
-        total = len(static) + len(runtime)
-        assert entry["status_text"] == f"pass (render: {len(runtime)} of {total} checks not run)"
-        assert entry["not_run"] == len(runtime), host
+        # the layer checks read the recording: each named, none failed, a skip says why
+        assert {c["check"] for c in layer} == set(LAYER_CHECKS), host
+        for check in layer:
+            assert check["status"] in ("pass", "skipped"), (host, check)
+            assert check["status"] == "pass" or check["message"].startswith("skipped: "), check
+        passed = [c for c in layer if c["status"] == "pass"]
+        not_run = len(runtime) + len(layer) - len(passed)
+        total = len(static) + len(runtime) + len(layer)
+        assert entry["counts"]["pass"] == len(static) + len(passed), host
+        assert entry["counts"]["skipped"] == not_run, host
+        assert entry["status_text"] == f"pass (render: {not_run} of {total} checks not run)"
+        assert entry["not_run"] == not_run, host
+    pools = [
+        c for c in report["hosts"]["qemu-2node-01"]["checks"] if c["check"] == "hugepage_pools"
+    ]
+    assert pools and all(c["status"] == "pass" for c in pools), pools
     a100 = report["hosts"]["gpu-a100-01"]["checks"]
     subjects = {c["subject"] for c in a100 if c["check"] == "rendered_units"}
     assert {"numafleet-llm-70b.service", "numafleet-team\\x2da.slice", "manifest"} <= subjects

@@ -593,6 +593,54 @@ def _default_writer(path: str, value: int) -> None:
         handle.write(f"{value}\n")
 
 
+def _plain_int(path: str) -> Optional[int]:
+    try:
+        with open(path, encoding="ascii") as handle:
+            return int(handle.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def global_pool_dir(sysfs_root: str, size_kb: int) -> str:
+    """<sysfs_root>/kernel/mm/hugepages/hugepages-<size>kB: the system-wide pool of a size."""
+    return os.path.join(sysfs_root, "kernel", "mm", "hugepages", f"hugepages-{size_kb}kB")
+
+
+def _recording_writer(sysfs_root: str) -> Callable[[str, int], None]:
+    """The default writer, which also keeps a recorded tree (render mode) a consistent kernel.
+
+    A kernel that takes a new ``nr_hugepages`` moves ``free_hugepages`` with it at once: pages
+    added are free until something maps them, and a shrink (never below the pages in use, see
+    plan_pools) releases free pages only. A recorded sysfs is plain files, so after the write
+    ``free_hugepages`` still reads what it read before: then the same delta is written into
+    the node's ``free_hugepages`` and into ``nr_hugepages`` and ``free_hugepages`` of the
+    system-wide pool (``global_pool_dir``; /proc/meminfo is not read by this collection and is
+    left as recorded). On a live kernel ``free_hugepages`` has moved and nothing more is written.
+    """
+
+    def write(path: str, value: int) -> None:
+        base = os.path.dirname(path)
+        free_path = os.path.join(base, "free_hugepages")
+        total, free = _plain_int(path), _plain_int(free_path)
+        _default_writer(path, value)
+        if total is None or free is None or value == total or _plain_int(path) != value:
+            return  # nothing to emulate, or the kernel did not take the value (write_pools says)
+        if _plain_int(free_path) != free:
+            return  # a live kernel moved free_hugepages itself
+        delta = value - total
+        _default_writer(free_path, max(0, free + delta))
+        size = _POOL_RE.match(os.path.basename(base))
+        if size is None:
+            return
+        whole = global_pool_dir(sysfs_root, int(size.group(1)))
+        for name in ("nr_hugepages", "free_hugepages"):
+            count = _plain_int(os.path.join(whole, name))
+            if count is not None:
+                _default_writer(os.path.join(whole, name), max(0, count + delta))
+
+    return write
+
+
 def _read_back(sysfs_root: str, path: str) -> Optional[int]:
     return Reader(sysfs_root, "").integer(path)
 
@@ -644,12 +692,13 @@ def write_pools(
 ) -> list:
     """Write every runtime pool that changes (shrinks first), read each back; the pools written.
 
-    ``writer(path, pages)`` does the write (default: the text to the file); tests inject one that
-    makes the kernel "grant" less. When a read-back differs from what was written, or a write
+    ``writer(path, pages)`` does the write (default: the text to the file, and on a recorded
+    tree the free pages and system-wide totals a kernel would show, ``_recording_writer``);
+    tests inject one that makes the kernel "grant" less. When a read-back differs from what was written, or a write
     fails, every pool written in this run is restored to its previous total and
     HugepageGrantError is raised with requested vs granted per node.
     """
-    write = writer or _default_writer
+    write = writer or _recording_writer(sysfs_root)
     todo = [c for c in changes if c.changes_now]
     todo.sort(key=lambda c: (c.after > c.before, c.node, c.size_kb))
     written, short = [], []
@@ -1064,6 +1113,64 @@ class HugepagePlan:
                 out.append(change_diff(change))
         return out
 
+    def drift(self) -> list:
+        """Every managed pool whose total differs from the plan, before this run's writes.
+
+        [{"setting": "node<N> <size>kB pages", "planned", "actual", "reason", "pending"}]
+        (pages; actual
+        is ``nr_hugepages`` as read). ``reason`` says why a run does not simply fix it: pages in
+        use hold the pool above the plan, or the size is reserved at boot (next reboot); empty
+        when this run writes the planned total.
+        """
+        out = []
+        for pool in self.pools:
+            if pool.before == pool.desired:
+                continue
+            if pool.boot:
+                reason = (
+                    "reserved at boot: the kernel command line "
+                    f"{'is updated by this run' if self.cmdline_changed else 'has it'}; the pool "
+                    "takes the planned total at the next reboot"
+                )
+            elif pool.after != pool.desired:
+                reason = (
+                    f"{pool.in_use} pages in use (nr_hugepages - free_hugepages): a shrink "
+                    f"stops at {pool.after}; {_STOP_THEN_RUN}"
+                )
+            else:
+                reason = ""
+            out.append(
+                {
+                    "setting": f"node{pool.node} {pool.size_kb}kB pages",
+                    "planned": pool.desired,
+                    "actual": pool.before,
+                    "reason": reason,
+                    "pending": False,
+                }
+            )
+        return out
+
+    def _drift_diff(self) -> list:
+        """A diff entry for the pools that differ from the plan and that no write fixes now."""
+        held = [
+            pool
+            for pool in self.pools
+            if pool.before != pool.desired
+            and not pool.changes_now
+            and not (pool.boot and self.cmdline_changed)
+        ]
+        if not held:
+            return []
+        header = "hugepage pools not as planned (pages per node)"
+        return [
+            {
+                "before_header": header,
+                "after_header": header,
+                "before": "".join(f"node{p.node} {p.size_kb}kB: {p.before}\n" for p in held),
+                "after": "".join(f"node{p.node} {p.size_kb}kB: {p.desired}\n" for p in held),
+            }
+        ]
+
     def as_result(self, check_mode: bool, diff: bool) -> dict:
         """The module's result (``diff`` only when asked for)."""
         handlers = not check_mode and self.service_manager == "systemd"
@@ -1097,9 +1204,10 @@ class HugepagePlan:
             handler_mount_start=self.mount_start if handlers else [],
             handler_mount_restart=self.mount_restart if handlers else [],
             handler_mount_stop=self.mount_stop if handlers else [],
+            drift=self.drift(),
         )
         if diff:
-            result["diff"] = self.diff()
+            result["diff"] = self.diff() + self._drift_diff()
         return result
 
 

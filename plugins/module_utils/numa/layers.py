@@ -290,10 +290,30 @@ def _kernel(params: dict, host, ran: list) -> dict:
         files=[file_change.as_dict() for file_change in change.files],
         would_run=change.would_run(),
         ran=ran,
+        drift=kernel_drift(change.settings),
     )
     if host.diff:
         result["diff"] = change.as_diff()
     return result
+
+
+def kernel_drift(settings) -> list:
+    """The kernel layer's ``drift``: [{setting, planned, actual, reason}] of the settings that
+    differ from the plan before the run (kernel.Setting ``before`` is what the host shows:
+    /proc/sys/kernel/numa_balancing, /proc/sys/vm/zone_reclaim_mode, the THP selectors under
+    /sys/kernel/mm/transparent_hugepage, numad, IRQBALANCE_BANNED_CPUS, and
+    /proc/irq/N/smp_affinity_list as ``irq_affinity[N]``)."""
+    return [
+        {
+            "setting": s.name,
+            "planned": s.after,
+            "actual": s.before,
+            "reason": "",
+            "pending": False,
+        }
+        for s in settings
+        if s.changed
+    ]
 
 
 def _no_nvml():
@@ -308,11 +328,85 @@ def _mig(params: dict, host, ran: list) -> dict:
 
     load = getattr(host, "load_pynvml", None) or _no_nvml
     result = mig_nvml.run(dict(params), host.check_mode, runner, host.get_bin_path, load)
+    render = bool(params.get("snapshot"))
+    result["drift"] = mig_drift(result, render)
+    if render:  # the snapshot never changes: tell a changed recording from a pending layout
+        recorded = mig_nvml.read_layout_recording(params["root"])
+        result["drift"] = mig_nvml.settle_render_drift(result["drift"], recorded)
+        if not host.check_mode:
+            mig_nvml.write_layout_recording(params["root"], result["drift"])
     for item in result["kept"]:
         host.warn(f"{item['path']}: {item['reason']}")
     if not host.diff:
         result.pop("diff")
     return result
+
+
+_GI_LINE = re.compile(r"^(\S+@[0-9]+)")
+
+
+def _instances(lines) -> str:
+    """ "mode enabled; 2g.20gb@0, 3g.40gb@4" from a GPU's diff lines (mode, then GI lines)."""
+    lines = list(lines or ())
+    if not lines:
+        return "absent"
+    found = sorted(m.group(1) for m in map(_GI_LINE.match, lines[1:]) if m)
+    return f"{lines[0]}; {', '.join(found) or 'no instances'}"
+
+
+def mig_drift(result: dict, render: bool) -> list:
+    """The MIG layer's ``drift``: one {setting: "GPU <address> MIG layout", planned, actual,
+    reason} per planned GPU whose mode or instances (profile@placement start) as read (NVML,
+    nvidia-smi or the snapshot) differ from the plan. Render mode: the snapshot is never
+    changed, so ``reason`` says the layout is made on the host itself."""
+    out = []
+    for entry in result.get("diff") or ():
+        header = str(entry.get("before_header") or "")
+        if not header.startswith("GPU "):
+            continue
+        actual = _instances(str(entry.get("before") or "").splitlines())
+        planned = _instances(str(entry.get("after") or "").splitlines())
+        if actual == planned:
+            continue
+        reason = (
+            "render mode: the recorded snapshot is read, never changed; the layout is made "
+            "on the host itself"
+            if render
+            else ""
+        )
+        out.append(
+            {
+                "setting": f"{header} MIG layout",
+                "planned": planned,
+                "actual": actual,
+                "reason": reason,
+                "pending": render,
+            }
+        )
+    return out
+
+
+def mps_drift(settings: list) -> list:
+    """The MPS layer's ``drift``: one {setting: "<unit> <name>", planned, actual, reason} per
+    default a running daemon reports other than the plan (``mps.sync_settings`` entries:
+    get_default_active_thread_percentage and get_default_device_pinned_mem_limit 0 asked
+    through nvidia-cuda-mps-control with the daemon's CUDA_MPS_PIPE_DIRECTORY)."""
+    out = []
+    for entry in settings:
+        for name in ("active_thread_percentage", "pinned_memory_limit_mib"):
+            value = entry.get(name) or {}
+            planned, running = value.get("planned"), value.get("running")
+            if planned is not None and running is not None and planned != running:
+                out.append(
+                    {
+                        "setting": f"{entry.get('unit')} {name}",
+                        "planned": planned,
+                        "actual": running,
+                        "reason": "",
+                        "pending": False,
+                    }
+                )
+    return out
 
 
 def _disable(host, units, systemctl: str, names, ran: list, kept: str) -> None:
@@ -362,6 +456,16 @@ def _mps(params: dict, host, ran: list) -> dict:
             runner, systemctl, control, daemons, actions, not host.check_mode
         )
         ran.extend(synced)
+    else:
+        # Render mode: the recording below root stands for the running daemons (mps.py). A
+        # daemon restarted in this run takes the planned defaults (ExecStartPost=) unless
+        # host_apply runs with restart never ("restart", set by host_apply only).
+        recording = mps.read_recording(root)
+        settings = mps.recorded_settings(recording, daemons, actions)
+        keep = set(actions.restart) if params.get("restart") == "never" else set()
+        live = bool(mps_drift(settings)) or mps.recording_stale(root, daemons, recording, keep)
+        if not host.check_mode:
+            mps.write_recording(root, daemons, recording, keep)
     if not host.check_mode:
         if systemd:
             _disable(
@@ -383,6 +487,7 @@ def _mps(params: dict, host, ran: list) -> dict:
         would_run=actions.would_run(),
         ran=ran,
         settings=settings,
+        drift=mps_drift(settings),
         skipped=warnings,
         kept=[item.as_dict() for item in kept],
         handler_restart=list(actions.restart) if handlers else [],
@@ -390,7 +495,23 @@ def _mps(params: dict, host, ran: list) -> dict:
     )
     if host.diff:
         result["diff"] = [change.as_diff() for change in every if change.state != "unchanged"]
+        if result["drift"]:
+            header = "MPS daemon defaults (running)"
+            result["diff"].append(
+                {
+                    "before_header": header,
+                    "after_header": header,
+                    "before": "".join(_mps_line(d, "actual") for d in result["drift"]),
+                    "after": "".join(_mps_line(d, "planned") for d in result["drift"]),
+                }
+            )
     return result
+
+
+def _mps_line(drift: dict, key: str) -> str:
+    """ "<name>: <value> (<unit>)" of an MPS drift entry (the drift report names the setting)."""
+    unit, dummy, name = str(drift["setting"]).rpartition(" ")
+    return f"{name}: {drift[key]} ({unit})\n"
 
 
 def _units(params: dict, host, ran: list) -> dict:

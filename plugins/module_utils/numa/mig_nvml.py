@@ -8,13 +8,14 @@
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import posixpath
 from typing import Optional
 
 from . import gpu as gpumod
 from .errors import MigBackendError, MigError
-from .files import read_text
+from .files import read_text, remove_file, write_file
 from .mig import (
     BOOT_PROGRAM,
     CI_PROFILE_IDS,
@@ -631,3 +632,75 @@ def run(params: dict, check_mode: bool, runner, which, load_nvml) -> dict:
         "reload_needed": any(c.path == unit_path and c.state != "unchanged" for c in changes),
         "diff": diff,
     }
+
+
+# --- render mode: the snapshot's layouts at the last apply --------------------------------------
+
+# Render mode reads the GPU snapshot and never changes it, so a planned layout that differs from
+# it stays "pending" (the layout is made on the host itself). To tell that from a snapshot that
+# changed afterwards, an apply in render mode records the layout it found for each such GPU:
+# {"format": LAYOUT_RECORDING_FORMAT, "version": 1, "gpus": {"GPU <address> MIG layout":
+# "mode enabled; 2g.20gb@0, 3g.40gb@4"}} (docs/architecture.md, "Render mode and the demo fleet").
+LAYOUT_RECORDING_PATH = "/var/lib/numafleet/render/mig-layouts.json"
+LAYOUT_RECORDING_FORMAT = "numafleet.tuning/mig-recording"
+
+
+def _fail_layouts(path: str, reason: str) -> MigError:
+    return MigError(
+        f"{path}: {reason}; it records the GPU snapshot's MIG layouts at the last render: "
+        "remove it and run site.yml again"
+    )
+
+
+def read_layout_recording(root: str) -> dict:
+    """{setting: layout} of the recording below ``root`` ({} when there is none); MigError."""
+    text = read_text(root, LAYOUT_RECORDING_PATH, _fail_layouts)
+    if text is None:
+        return {}
+    where = under_root(root, LAYOUT_RECORDING_PATH)
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise _fail_layouts(where, f"not JSON ({exc})") from None
+    gpus = data.get("gpus") if isinstance(data, dict) else None
+    if (
+        not isinstance(data, dict)
+        or data.get("format") != LAYOUT_RECORDING_FORMAT
+        or data.get("version") != 1
+        or not isinstance(gpus, dict)
+        or not all(isinstance(v, str) for v in gpus.values())
+    ):
+        raise _fail_layouts(where, f"not a {LAYOUT_RECORDING_FORMAT} version 1 file")
+    return {str(key): value for key, value in gpus.items()}
+
+
+def settle_render_drift(drift: list, recorded: dict) -> list:
+    """``drift`` (layers.mig_drift in render mode: every entry pending) with the entries whose
+    snapshot layout changed since the last render apply made standing drift, naming both."""
+    out = []
+    for entry in drift:
+        was = recorded.get(entry["setting"])
+        if entry.get("pending") and was is not None and was != entry["actual"]:
+            entry = dict(
+                entry,
+                pending=False,
+                reason=f"the recorded GPU snapshot changed since the last apply (was {was})",
+            )
+        out.append(entry)
+    return out
+
+
+def write_layout_recording(root: str, drift: list) -> None:
+    """Record the snapshot layout of each GPU of ``drift`` (render apply: the layouts it could
+    not make, a changed one becoming the new baseline); none left: no file."""
+    gpus = {entry["setting"]: entry["actual"] for entry in drift}
+    if gpus:
+        text = json.dumps(
+            {"format": LAYOUT_RECORDING_FORMAT, "version": 1, "gpus": gpus},
+            indent=2,
+            sort_keys=True,
+        )
+        if read_text(root, LAYOUT_RECORDING_PATH, _fail_layouts) != text + "\n":
+            write_file(root, LAYOUT_RECORDING_PATH, text + "\n", 0o644, _fail_layouts)
+    elif read_text(root, LAYOUT_RECORDING_PATH, _fail_layouts) is not None:
+        remove_file(root, LAYOUT_RECORDING_PATH, _fail_layouts)

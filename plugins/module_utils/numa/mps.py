@@ -31,6 +31,7 @@ from .units import (
     escape_specifiers,
     header_lines,
     is_dropin,
+    under_root,
     unit_document,
     unit_of,
 )
@@ -546,3 +547,120 @@ def check_manifest_owner(manifest_path: str, files) -> None:
             f"another module (pinned_units uses /etc/numafleet/manifest.json); give nvidia_mps its "
             f"own manifest, e.g. {DEFAULT_MANIFEST_PATH}"
         )
+
+
+# --- render mode: the recorded daemons -----------------------------------------------------------
+
+# Render mode has no running daemon to ask. The recording below the render root stands for the
+# control daemons of the rendered host: an apply in render mode records every planned daemon with
+# the defaults its ExecStartPost= sets (what a started daemon reports), and check mode reads them
+# back as it would ask a live daemon. Format (docs/architecture.md, "Render mode and the demo
+# fleet"): {"format": RECORDING_FORMAT, "version": 1, "daemons": {unit: {
+# "active_thread_percentage": int or null, "pinned_memory_limit_mib": int or null}}}.
+RECORDING_PATH = "/var/lib/numafleet/render/mps-daemons.json"
+RECORDING_FORMAT = "numafleet.tuning/mps-recording"
+_RECORDED = ("active_thread_percentage", "pinned_memory_limit_mib")
+
+
+def _fail_recording(path: str, reason: str) -> MpsControlError:
+    return MpsControlError(
+        f"{path}: {reason}; it records the MPS daemons of a rendered host: remove it and run "
+        "site.yml again to record them afresh"
+    )
+
+
+def _int_or_none(value) -> bool:
+    return value is None or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def read_recording(root: str) -> Optional[dict]:
+    """{unit: {name: int or None}} of the recording below ``root``; None when there is none.
+
+    Raises MpsControlError for a recording that is not valid JSON of RECORDING_FORMAT.
+    """
+    import json
+
+    from . import files as fs
+
+    text = fs.read_text(root, RECORDING_PATH, _fail_recording, link_as_absent=True)
+    if text is None:
+        return None
+    where = under_root(root, RECORDING_PATH)
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise _fail_recording(where, f"not JSON ({exc})") from None
+    daemons = data.get("daemons") if isinstance(data, dict) else None
+    if (
+        not isinstance(data, dict)
+        or data.get("format") != RECORDING_FORMAT
+        or data.get("version") != 1
+        or not isinstance(daemons, dict)
+    ):
+        raise _fail_recording(where, f"not a {RECORDING_FORMAT} version 1 file")
+    out = {}
+    for unit, values in daemons.items():
+        if not isinstance(values, dict) or any(not _int_or_none(values.get(n)) for n in _RECORDED):
+            raise _fail_recording(where, f"daemon {unit!r}: values must be integers or null")
+        out[str(unit)] = {name: values.get(name) for name in _RECORDED}
+    return out
+
+
+def recorded_settings(recording: Optional[dict], daemons: list, actions: Actions) -> list:
+    """The settings entries (as ``sync_settings``) of the recorded daemons that are planned and
+    not started in this run; [] without a recording."""
+    entries = []
+    for daemon in daemons:
+        values = (recording or {}).get(daemon.unit)
+        if values is None or daemon.unit in actions.start:
+            continue
+        found = [
+            Setting(name, planned, values.get(name))
+            for name, planned in (
+                ("active_thread_percentage", daemon.active_thread_percentage),
+                ("pinned_memory_limit_mib", daemon.pinned_memory_limit_mib),
+            )
+        ]
+        entries.append(as_settings(daemon, found))
+    return entries
+
+
+def render_recording(daemons: list, recording: Optional[dict] = None, keep=()) -> str:
+    """The recording after an apply: every planned daemon with its planned defaults, except the
+    units of ``keep`` (restarted in the run but not restarted: restart never), which keep what
+    ``recording`` has for them (planned when it has nothing)."""
+    import json
+
+    entries = {}
+    for d in daemons:
+        planned = {
+            "active_thread_percentage": d.active_thread_percentage,
+            "pinned_memory_limit_mib": d.pinned_memory_limit_mib,
+        }
+        kept = (recording or {}).get(d.unit) if d.unit in keep else None
+        entries[d.unit] = dict(kept) if kept is not None else planned
+    text = json.dumps(
+        {"format": RECORDING_FORMAT, "version": 1, "daemons": entries}, indent=2, sort_keys=True
+    )
+    return text + "\n"
+
+
+def recording_stale(root: str, daemons: list, recording: Optional[dict] = None, keep=()) -> bool:
+    """Whether ``write_recording`` with the same arguments would change the recording."""
+    from . import files as fs
+
+    text = fs.read_text(root, RECORDING_PATH, _fail_recording, link_as_absent=True)
+    return text != (render_recording(daemons, recording, keep) if daemons else None)
+
+
+def write_recording(root: str, daemons: list, recording: Optional[dict] = None, keep=()) -> None:
+    """Record ``daemons`` below ``root`` (render mode, not check mode) as ``render_recording``
+    renders them; no file for no daemons (an earlier one is removed). Raises MpsControlError."""
+    from . import files as fs
+
+    if daemons:
+        if recording_stale(root, daemons, recording, keep):
+            text = render_recording(daemons, recording, keep)
+            fs.write_file(root, RECORDING_PATH, text, 0o644, _fail_recording)
+    elif read_recording(root) is not None:
+        fs.remove_file(root, RECORDING_PATH, _fail_recording)

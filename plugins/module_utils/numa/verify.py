@@ -77,6 +77,7 @@ RENDER_MODE_REASON = "render mode: nothing runs"
 SERVICE_CHECKS = ("running", "cpus_binding", "mems_binding", "offnode_share", "gpu_locality")
 NODE_CHECKS = ("memory_used", "hugepages_total")
 STATIC_CHECKS = ("rendered_units",)
+RUNTIME_CHECKS = SERVICE_CHECKS + NODE_CHECKS
 _SUMMARY_PROBLEMS = 5
 
 
@@ -785,23 +786,29 @@ def _status(counts: dict) -> str:
 
 def status_text(checks) -> str:
     """The status of ``checks`` (Check objects) for people: 'pass', or with the checks not run,
-    'pass (render: 27 of 34 checks not run)' ('render: ' when all were skipped in render mode)."""
+    'pass (render: 27 of 34 checks not run)' ('render: ' when checks were skipped because render
+    mode measures nothing; the count includes every skipped check, such as a layer check of a layer
+    the host does not have)."""
     counts = _counts(checks)
     status = _status(counts)
     if not counts["skipped"]:
         return status
     skipped = [check for check in checks if check.status == "skipped"]
-    render = all(check.detail == RENDER_MODE_REASON for check in skipped)
+    render = any(check.detail == RENDER_MODE_REASON for check in skipped)
     total = sum(counts.values())
     return f"{status} ({'render: ' if render else ''}{counts['skipped']} of {total} checks not run)"
 
 
 def require_runtime(checks) -> list:
-    """``checks`` (Check objects) with every skipped check that is not static (STATIC_CHECKS) turned
-    into a failure: numafleet_verify_require_runtime is true, so not run is not good enough."""
+    """``checks`` (Check objects) with every skipped runtime check (SERVICE_CHECKS, NODE_CHECKS: what
+    only a measurement of the running host can show) turned into a failure:
+    numafleet_verify_require_runtime is true, so not run is not good enough. The static checks and
+    the layer checks (LAYER_CHECKS, skipped when a layer does not apply) stay skipped, and so do the
+    checks of a placement that waits for its MIG instance (not started by design)."""
     out = []
     for check in checks:
-        if check.status == "skipped" and check.check not in STATIC_CHECKS:
+        waits = (check.detail or "").startswith("waits for MIG instance")
+        if check.status == "skipped" and check.check in RUNTIME_CHECKS and not waits:
             check = Check(
                 check.host,
                 check.check,
@@ -1100,3 +1107,211 @@ def prometheus_lines(families: dict, helps: dict) -> list:
                 seen.add(pairs)
                 lines.append(f"{name}{_labels(pairs) if pairs else ''} {_value(value)}")
     return lines
+
+
+# --- layer checks: host_apply's check-mode layer results against the plan ---------------------
+
+# One named check per apply layer (host_apply's ``layers`` result, check mode), in render mode too
+# (the recorded sysfs, procfs and GPU snapshot are the host there).
+LAYER_CHECKS = ("hugepage_pools", "kernel_settings", "mig_layout", "mps_settings", "irq_affinity")
+_NOT_RUN = (
+    "host_apply did not run the {layer} layer (no GPU on this host for mig and mps, or the "
+    "layer was left out of host_apply's layers)"
+)
+
+
+def _layer(states: dict, name: str) -> Optional[dict]:
+    value = states.get(name)
+    return value if isinstance(value, dict) else None
+
+
+def _drift_reason(entry: dict) -> str:
+    reason = str(entry.get("reason") or "")
+    return f" ({reason})" if reason else ""
+
+
+def _check_pools(out: _Checks, result: Optional[dict]) -> None:
+    if result is None:
+        out.skip("hugepage_pools", "pools", _NOT_RUN.format(layer="hugepages"))
+        return
+    reasons = {
+        str(entry.get("setting")): entry
+        for entry in result.get("drift") or ()
+        if isinstance(entry, dict)
+    }
+    pools = [p for p in result.get("pools") or () if isinstance(p, dict)]
+    if not pools:
+        out.skip("hugepage_pools", "pools", "no hugepage pool is managed on this host")
+        return
+    for pool in pools:
+        subject = f"node{pool.get('node')} {pool.get('size_kb')}kB"
+        planned, actual = pool.get("desired"), pool.get("before")
+        if planned == actual:
+            out.add(
+                "hugepage_pools", subject, "pass", actual, planned, "pages",
+                "nr_hugepages matches the plan",
+            )  # fmt: skip
+            continue
+        entry = reasons.get(f"{subject} pages") or {}
+        out.add(
+            "hugepage_pools", subject, "fail", actual, planned, "pages",
+            f"nr_hugepages is {actual}, the plan has {planned}{_drift_reason(entry)}; run "
+            "site.yml (numafleet.tuning.host_apply) to converge it",
+            f"{actual} != {planned}",
+        )  # fmt: skip
+
+
+def _check_settings(out: _Checks, result: Optional[dict], check: str, irq: bool) -> None:
+    layer = "kernel"
+    if result is None:
+        out.skip(check, "kernel", _NOT_RUN.format(layer=layer))
+        return
+    settings = [
+        s
+        for s in result.get("settings") or ()
+        if isinstance(s, dict) and str(s.get("name", "")).startswith("irq_affinity[") == irq
+    ]
+    if not settings:
+        reason = (
+            "IRQ pinning is off (numafleet_irq_affinity), or no IRQ of the plan's GPUs and NICs "
+            "is listed in /proc/irq"
+            if irq
+            else "no kernel setting is managed on this host (every knob is left alone)"
+        )
+        out.skip(check, "irq" if irq else "kernel", reason)
+        return
+    for setting in settings:
+        name = str(setting.get("name"))
+        subject = f"irq {name[len('irq_affinity[') : -1]}" if irq else name
+        planned, actual = setting.get("after"), setting.get("before")
+        where = f" ({setting['source']})" if setting.get("source") else ""
+        if planned == actual:
+            out.add(check, subject, "pass", actual, planned, "", f"{name} matches the plan{where}")
+        else:
+            out.add(
+                check, subject, "fail", actual, planned, "",
+                f"{name} is {actual!r}{where}, the plan has {planned!r}; run site.yml to set it",
+                f"{actual!r} != {planned!r}",
+            )  # fmt: skip
+
+
+def _check_mig(out: _Checks, result: Optional[dict]) -> None:
+    if result is None:
+        out.skip("mig_layout", "gpus", _NOT_RUN.format(layer="mig"))
+        return
+    gpus = [g for g in result.get("gpus") or () if isinstance(g, dict)]
+    if not gpus:
+        out.skip("mig_layout", "gpus", "no MIG GPU in the plan (numafleet_mig_gpus)")
+        return
+    drift = {
+        str(entry.get("setting")): entry
+        for entry in result.get("drift") or ()
+        if isinstance(entry, dict)
+    }
+    for gpu in gpus:
+        subject = f"GPU {gpu.get('address')}"
+        entry = drift.get(f"{subject} MIG layout")
+        layout = ", ".join(
+            f"{item.get('profile')}@{item.get('start')}"
+            for item in gpu.get("layout") or ()
+            if isinstance(item, dict)
+        )
+        if entry is None:
+            out.add(
+                "mig_layout", subject, "pass", layout, layout, "",
+                "MIG mode and instances (profile@placement start) match the plan",
+            )  # fmt: skip
+        elif entry.get("pending"):
+            out.skip(
+                "mig_layout",
+                subject,
+                f"{entry.get('reason')}: recorded {entry.get('actual')}, planned "
+                f"{entry.get('planned')}",
+                entry.get("planned"),
+            )
+        else:
+            out.add(
+                "mig_layout", subject, "fail", entry.get("actual"), entry.get("planned"), "",
+                f"MIG layout is {entry.get('actual')}, the plan has {entry.get('planned')}"
+                f"{_drift_reason(entry)}; run site.yml to apply it",
+                "layout differs",
+            )  # fmt: skip
+
+
+def _check_mps(out: _Checks, result: Optional[dict], render_mode: bool) -> None:
+    if result is None:
+        out.skip("mps_settings", "mps", _NOT_RUN.format(layer="mps"))
+        return
+    daemons = [d for d in result.get("daemons") or () if isinstance(d, dict)]
+    if not daemons:
+        out.skip("mps_settings", "mps", "no MPS daemon in the plan")
+        return
+    read = {
+        str(entry.get("unit")): entry
+        for entry in result.get("settings") or ()
+        if isinstance(entry, dict)
+    }
+    for daemon in daemons:
+        unit = str(daemon.get("unit"))
+        entry = read.get(unit)
+        if entry is None:
+            reason = (
+                "render mode: no daemon runs and none is recorded"
+                if render_mode
+                else "the daemon is not running (site.yml starts it with the planned defaults)"
+            )
+            out.skip("mps_settings", unit, reason)
+            continue
+        wrong, shown = [], {}
+        for name in ("active_thread_percentage", "pinned_memory_limit_mib"):
+            value = entry.get(name) or {}
+            planned, running = value.get("planned"), value.get("running")
+            shown[name] = running
+            if planned is not None and running is not None and planned != running:
+                wrong.append(f"{name} {running} (planned {planned})")
+        planned = {
+            name: (entry.get(name) or {}).get("planned")
+            for name in ("active_thread_percentage", "pinned_memory_limit_mib")
+        }
+        if wrong:
+            out.add(
+                "mps_settings", unit, "fail", shown, planned, "",
+                f"the running daemon's defaults differ from the plan: {', '.join(wrong)}; run "
+                "site.yml to set them",
+                ", ".join(wrong),
+            )  # fmt: skip
+        else:
+            out.add(
+                "mps_settings", unit, "pass", shown, planned, "",
+                "the running daemon's defaults match the plan",
+            )  # fmt: skip
+
+
+def layer_checks(host: str, layer_states, render_mode: bool = False) -> list[Check]:
+    """The LAYER_CHECKS of one host from host_apply's check-mode ``layers`` result; no I/O.
+
+    ``layer_states``: {layer: that layer's result} (hugepages, kernel, mig, mps; what a layer
+    reads is in its module's documentation). ``hugepage_pools``: per node and page size,
+    ``nr_hugepages`` as read against the plan (a pool held above the plan by pages in use
+    fails, with the reason); ``kernel_settings``: per managed knob (numa_balancing,
+    zone_reclaim_mode, THP, numad, IRQBALANCE_BANNED_CPUS); ``mig_layout``: per planned MIG
+    GPU, mode and instances by profile and placement start (render mode: a layout the
+    read-only snapshot cannot show is skipped with both layouts named); ``mps_settings``: per
+    planned MPS daemon, the defaults the running daemon reports; ``irq_affinity``: per IRQ of
+    the plan's GPUs and NICs (/proc/irq/N/smp_affinity_list) when IRQ pinning is on. A layer
+    that did not run, or has nothing to check, gives one skipped check with the reason. Raises
+    VerifyError when ``layer_states`` is not a mapping.
+    """
+    if not isinstance(layer_states, dict):
+        raise VerifyError(
+            f"host {host}: layer_states is {type(layer_states).__name__}, not a mapping; pass "
+            "the layers of numafleet.tuning.host_apply's check-mode result"
+        )
+    states = layer_states
+    out = _Checks(host)
+    _check_pools(out, _layer(states, "hugepages"))
+    _check_settings(out, _layer(states, "kernel"), "kernel_settings", irq=False)
+    _check_mig(out, _layer(states, "mig"))
+    _check_mps(out, _layer(states, "mps"), render_mode)
+    _check_settings(out, _layer(states, "kernel"), "irq_affinity", irq=True)
+    return out.out

@@ -125,6 +125,22 @@ def test_changed_layers_are_named_after_the_roles():
     assert result["changed_layers"] == ["hugepages", "pinned_services"]
 
 
+@pytest.mark.parametrize("check_mode", [True, False])
+def test_in_check_mode_a_layer_that_differs_from_the_plan_counts_as_changed(check_mode):
+    """A pool held above the plan changes nothing, but check mode reports the layer (drift);
+    a difference render mode cannot make (pending) does not count."""
+    held = {"setting": "node0 2048kB pages", "planned": 4096, "actual": 8192, "pending": False}
+    layers = {
+        "hugepages": {"changed": False, "drift": [held]},
+        "mig": {"changed": False, "drift": [dict(held, pending=True)]},
+        "units": {"changed": False, "drift": []},
+    }
+    result, dummy = run_action(
+        {}, {}, check_mode=check_mode, module_result={"changed": False, "layers": layers}
+    )
+    assert result["changed_layers"] == (["hugepages"] if check_mode else [])
+
+
 @pytest.mark.parametrize(("reboot_ok", "noted"), [(False, True), (True, False)])
 def test_a_reboot_owed_is_a_warning_unless_the_play_may_reboot(reboot_ok, noted):
     module_result = {"changed": True, "layers": {}, "reboot_required": True,

@@ -124,7 +124,14 @@ def test_files_of_a_layout_no_longer_declared_are_removed(run_module, tmp_path):
     written = sorted(
         p.name for p in (tmp_path / "root").rglob("*") if p.is_file() and p.name != "apply.lock"
     )
-    assert written == ["mig-parted.yaml", "mig.json", "numafleet-mig", "numafleet-mig.service"]
+    # mig-layouts.json: render mode's record of the snapshot layout it could not make
+    assert written == [
+        "mig-layouts.json",
+        "mig-parted.yaml",
+        "mig.json",
+        "numafleet-mig",
+        "numafleet-mig.service",
+    ]
     gone = run_module("nvidia_mig", dict(args, gpus=[]), check_mode=True)
     assert gone["changed"] and {f["state"] for f in gone["files"]} == {"remove"}
     assert gone["would_run"] == [

@@ -501,3 +501,24 @@ def test_old_runs_beyond_keep_are_pruned(tmp_path):
     ]
     assert prune(str(tmp_path), 0, "20250131T120605Z") == ["20250131T120405Z", "20250131T120505Z"]
     assert os.readlink(tmp_path / "latest") == "20250131T120605Z"
+
+
+def test_a_layer_that_differs_from_the_plan_without_a_change_is_drift_on_its_layer():
+    """host_apply's drift list: a held pool is drift; a pending entry (a layout a later step
+    creates) is not."""
+    header = "hugepage pools not as planned (pages per node)"
+    held = {"before_header": header, "after_header": header, "before": "node0 2048kB: 8192\n",
+            "after": "node0 2048kB: 4096\n"}  # fmt: skip
+    layers = {
+        "hugepages": {"changed": False, "diff": [held],
+                      "drift": [{"setting": "node0 2048kB pages", "pending": False}]},
+        "mig": {"changed": False, "diff": [],
+                "drift": [{"setting": "GPU 0000:17:00.0 MIG layout", "pending": True}]},
+        "kernel": {"changed": False, "drift": []},
+    }  # fmt: skip
+    entry = report_of({"h": {"apply": {"changed": False, "layers": layers}}})["hosts"]["h"]
+    assert entry["status"] == "drift"
+    assert [d["role"] for d in entry["drift"]] == ["hugepages"]
+    assert entry["drift"][0]["changes"][0]["settings"] == ["node0 2048kB"]
+    assert entry["layers"]["hugepages"]["changed"] == 1
+    assert entry["layers"]["nvidia_mig"]["changed"] == 0

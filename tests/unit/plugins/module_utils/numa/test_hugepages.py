@@ -1492,3 +1492,124 @@ def test_a_mount_without_a_unit_change_reads_as_unchanged():
     mount = hp.Mount("/dev/hugepages1G", G1)
     result = _bare_plan(mounts=(mount,)).as_result(False, False)
     assert result["mounts"][0]["state"] == "unchanged"
+
+
+# --- render mode: the recorded tree stays a consistent kernel ----------------------------------
+
+
+def with_global(sysfs, size, total, free):
+    base = hp.global_pool_dir(sysfs, size)
+    os.makedirs(base, exist_ok=True)
+    write_int(os.path.join(base, "nr_hugepages"), total)
+    write_int(os.path.join(base, "free_hugepages"), free)
+    return base
+
+
+def pool_counts(sysfs, node, size):
+    return (
+        read_int(pool_path(sysfs, node, size)),
+        read_int(pool_path(sysfs, node, size, "free_hugepages")),
+    )
+
+
+def test_render_apply_adds_free_pages_and_a_shrink_releases_free_ones(tmp_path):
+    """The default writer on a recorded tree: what a kernel shows after each write."""
+    sysfs, procfs = make_tree(tmp_path, {(0, M2): (0, 0), (1, M2): (0, 0)})
+    whole = with_global(sysfs, M2, 0, 0)
+    root = tmp_path / "root"
+    wanted = pools_of((0, M2, 4096), (1, M2, 4096))
+    hp.apply_hugepages(plan(sysfs, procfs, root, wanted, service_manager="none"))
+    assert pool_counts(sysfs, 0, M2) == (4096, 4096)  # new pages are free
+    assert pool_counts(sysfs, 1, M2) == (4096, 4096)
+    assert read_int(f"{whole}/nr_hugepages") == 8192 and read_int(f"{whole}/free_hugepages") == 8192
+    again = plan(sysfs, procfs, root, wanted, service_manager="none")
+    assert not again.changed and again.drift() == [] and again.warnings == ()
+
+    # a shrink releases free pages only, with no warning about pages "in use"
+    smaller = pools_of((0, M2, 1024), (1, M2, 4096))
+    shrink = plan(sysfs, procfs, root, smaller, service_manager="none")
+    assert shrink.warnings == () and [(p.node, p.after) for p in shrink.pools] == [
+        (0, 1024),
+        (1, 4096),
+    ]
+    hp.apply_hugepages(shrink)
+    assert pool_counts(sysfs, 0, M2) == (1024, 1024)
+    assert read_int(f"{whole}/nr_hugepages") == 5120 and read_int(f"{whole}/free_hugepages") == 5120
+    assert not plan(sysfs, procfs, root, smaller, service_manager="none").changed
+
+
+def test_render_shrink_keeps_the_pages_a_recording_says_are_in_use(tmp_path):
+    sysfs, procfs = make_tree(tmp_path, {(0, M2): (64, 16), (1, M2): (0, 0)})
+    whole = with_global(sysfs, M2, 64, 16)
+    root = tmp_path / "root"
+    first = plan(sysfs, procfs, root, pools_of((0, M2, 8)), service_manager="none")
+    assert [(p.node, p.after, p.in_use) for p in first.pools] == [(0, 48, 48), (1, 0, 0)]
+    assert "48 in use, 8 desired" in first.warnings[0]
+    hp.apply_hugepages(first)
+    assert pool_counts(sysfs, 0, M2) == (48, 0)  # the 16 free pages went, the 48 used stay
+    assert read_int(f"{whole}/nr_hugepages") == 48 and read_int(f"{whole}/free_hugepages") == 0
+
+
+def test_a_pool_held_above_the_plan_is_drift_with_the_reason(tmp_path):
+    """nr_hugepages 8192 with nothing free (pages in use) against a plan of 4096: the run cannot
+    shrink it, so nothing changes, but the pool is still reported as differing from the plan."""
+    sysfs, procfs = make_tree(tmp_path, {(0, M2): (8192, 0), (1, M2): (4096, 4096)})
+    root = tmp_path / "root"
+    result = plan(sysfs, procfs, root, pools_of((0, M2, 4096), (1, M2, 4096))).as_result(
+        check_mode=True, diff=True
+    )
+    assert [p["after"] for p in result["pools"]] == [8192, 4096]
+    assert result["drift"] == [
+        {
+            "setting": "node0 2048kB pages",
+            "planned": 4096,
+            "actual": 8192,
+            "reason": "8192 pages in use (nr_hugepages - free_hugepages): a shrink stops at "
+            "8192; stop the services holding them, then run again",
+            "pending": False,
+        }
+    ]
+    held = [d for d in result["diff"] if d["before_header"].startswith("hugepage pools not")]
+    assert held == [
+        {
+            "before_header": "hugepage pools not as planned (pages per node)",
+            "after_header": "hugepage pools not as planned (pages per node)",
+            "before": "node0 2048kB: 8192\n",
+            "after": "node0 2048kB: 4096\n",
+        }
+    ]
+
+
+def test_a_pool_the_run_writes_is_drift_without_a_reason(tmp_path):
+    sysfs, procfs = make_tree(tmp_path, {(0, M2): (8192, 8192), (1, M2): (4096, 4096)})
+    result = plan(sysfs, procfs, tmp_path / "root", pools_of((0, M2, 4096), (1, M2, 4096)))
+    assert result.changed
+    assert result.drift() == [
+        {
+            "setting": "node0 2048kB pages",
+            "planned": 4096,
+            "actual": 8192,
+            "reason": "",
+            "pending": False,
+        }
+    ]
+    assert result._drift_diff() == []  # the pool change is in the diff already
+
+
+def test_on_a_live_kernel_the_default_writer_writes_nr_hugepages_only(tmp_path, monkeypatch):
+    """free_hugepages moved by itself (a kernel did it): nothing else is written."""
+    sysfs, procfs = make_tree(tmp_path, {(0, M2): (16, 16), (1, M2): (0, 0)})
+    whole = with_global(sysfs, M2, 16, 16)
+    writes = []
+
+    def kernel_file(path, value):
+        writes.append((os.path.basename(path), value))
+        write_int(path, value)
+        if path.endswith("nr_hugepages") and "node0" in path:
+            write_int(os.path.join(os.path.dirname(path), "free_hugepages"), value)
+
+    monkeypatch.setattr(hp, "_default_writer", kernel_file)
+    hp.apply_hugepages(plan(sysfs, procfs, tmp_path / "root", pools_of((0, M2, 64))))
+    assert [w for w in writes if w[0] != "free_hugepages"][:1] == [("nr_hugepages", 64)]
+    assert ("free_hugepages", 64) not in writes  # never written by the collection here
+    assert read_int(f"{whole}/nr_hugepages") == 16  # the kernel keeps its own totals

@@ -655,3 +655,29 @@ def test_query_argvs_and_service_state():
         "masked", "inactive"
     )
     assert kernel.parse_service_state("", "") == kernel.ServiceState("unknown", "unknown")
+
+
+def test_drift_names_each_knob_and_irq_that_differs_and_the_checks_judge_it(tree):
+    """kernel result -> layers.kernel_drift -> verify's kernel_settings and irq_affinity."""
+    from ansible_collections.numafleet.tuning.plugins.module_utils.numa import layers, verify
+
+    add_irq(tree, 24, "0-3")
+    add_irq(tree, 25, "0-1")
+    (tree / "proc" / "sys" / "kernel" / "numa_balancing").write_text("1\n")
+    change, dummy = plan(
+        tree,
+        numa_balancing=0,
+        irq_affinity=[{"irq": 24, "cpus": "0-1"}, {"irq": 25, "cpus": "0-1"}],
+        _services={"irqbalance.service": kernel.ServiceState("disabled", "inactive")},
+    )
+    drift = layers.kernel_drift(change.settings)
+    assert [(d["setting"], d["planned"], d["actual"]) for d in drift] == [
+        ("numa_balancing", 0, 1),
+        ("irq_affinity[24]", "0-1", "0-3"),
+    ]
+    result = {"settings": [s.as_dict() for s in change.settings], "drift": drift}
+    checks = verify.layer_checks("h", {"kernel": result})
+    judged = {(c.check, c.subject): c.status for c in checks if c.check != "hugepage_pools"}
+    assert judged[("kernel_settings", "numa_balancing")] == "fail"
+    assert judged[("irq_affinity", "irq 24")] == "fail"
+    assert judged[("irq_affinity", "irq 25")] == "pass"

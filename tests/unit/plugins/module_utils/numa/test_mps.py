@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -770,3 +771,84 @@ def test_a_planned_daemon_cannot_be_changed_afterwards():
     daemon = planned_daemon()[0]
     with pytest.raises(dataclasses.FrozenInstanceError):
         daemon.user = "root"
+
+
+# --- render mode: the recorded daemons ---------------------------------------------------------
+
+
+def _none_started():
+    return units.Actions({}, {}, False, (), (), ())
+
+
+def test_render_apply_records_the_planned_defaults_and_check_mode_reads_them_back(tmp_path):
+    root = str(tmp_path)
+    daemons, dummy = mps.plan_daemons(make_plan(daemon_entry(), mig_entry()))
+    assert mps.read_recording(root) is None and mps.recording_stale(root, daemons)
+    assert mps.recorded_settings(None, daemons, _none_started()) == []  # nothing recorded: skip
+    mps.write_recording(root, daemons)
+    assert not mps.recording_stale(root, daemons)  # a second run changes nothing
+    recording = mps.read_recording(root)
+    settings = mps.recorded_settings(recording, daemons, _none_started())
+    gpu = next(s for s in settings if s["unit"] == f"nvidia-mps@{GPU}.service")
+    assert gpu["active_thread_percentage"] == {"planned": 50, "running": 50}
+    assert gpu["pinned_memory_limit_mib"] == {"planned": 16384, "running": 16384}
+
+    # somebody changed a daemon's default in the recording: read back as drift, named
+    path = tmp_path / mps.RECORDING_PATH.lstrip("/")
+    data = json.loads(path.read_text())
+    data["daemons"][f"nvidia-mps@{GPU}.service"]["active_thread_percentage"] = 100
+    path.write_text(json.dumps(data))
+    settings = mps.recorded_settings(mps.read_recording(root), daemons, _none_started())
+    from ansible_collections.numafleet.tuning.plugins.module_utils.numa.layers import mps_drift
+
+    assert mps_drift(settings) == [
+        {
+            "setting": f"nvidia-mps@{GPU}.service active_thread_percentage",
+            "planned": 50,
+            "actual": 100,
+            "reason": "",
+            "pending": False,
+        }
+    ]
+    assert mps.recording_stale(root, daemons)
+    mps.write_recording(root, [])  # no daemon planned any more: the recording goes
+    assert not path.exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("{", "not JSON"),
+        (
+            '{"format": "other", "version": 1, "daemons": {}}',
+            "not a numafleet.tuning/mps-recording",
+        ),
+        (
+            '{"format": "numafleet.tuning/mps-recording", "version": 1, "daemons": '
+            '{"u": {"active_thread_percentage": "50"}}}',
+            "integers or null",
+        ),
+    ],
+)
+def test_a_bad_recording_is_refused_with_the_fix(tmp_path, text, fragment):
+    path = tmp_path / mps.RECORDING_PATH.lstrip("/")
+    path.parent.mkdir(parents=True)
+    path.write_text(text)
+    with pytest.raises(mps.MpsControlError, match=fragment) as err:
+        mps.read_recording(str(tmp_path))
+    assert "remove it and run site.yml again" in str(err.value)
+
+
+def test_a_daemon_not_restarted_keeps_its_recorded_defaults(tmp_path):
+    """restart never: the drop-in changed but the daemon runs on with the old defaults."""
+    root = str(tmp_path)
+    unit = f"nvidia-mps@{GPU}.service"
+    old, dummy = mps.plan_daemons(make_plan(daemon_entry()))
+    mps.write_recording(root, old)
+    new, dummy = mps.plan_daemons(make_plan(daemon_entry(active_thread_percentage=60)))
+    recording = mps.read_recording(root)
+    assert not mps.recording_stale(root, new, recording, keep={unit})
+    mps.write_recording(root, new, recording, keep={unit})
+    assert mps.read_recording(root)[unit]["active_thread_percentage"] == 50
+    mps.write_recording(root, new, mps.read_recording(root))  # restarted: the planned defaults
+    assert mps.read_recording(root)[unit]["active_thread_percentage"] == 60
