@@ -15,6 +15,9 @@ from __future__ import annotations
 from ansible.errors import AnsibleActionFail, AnsibleError
 from ansible.plugins.action import ActionBase
 
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa.effective import (
+    override_message,
+)
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.recorded import state_digest
 from ansible_collections.numafleet.tuning.plugins.plugin_utils import _apply_args, _plan_inputs
 from ansible_collections.numafleet.tuning.plugins.plugin_utils._controller import (
@@ -120,19 +123,25 @@ class ActionModule(ActionBase):
         result["reboot_ok"] = applied.reboot_ok
         layer_results = result.get("layers") if isinstance(result.get("layers"), dict) else {}
         # In check mode a layer also counts when the host differs from the plan in a way the
-        # apply would not change (its ``drift``: a pool held by pages in use, for example).
+        # apply would not change (its ``drift``: a pool held by pages in use, for example), and
+        # the units layer when a foreign override changes a planned unit property (site.yml would
+        # not change a file: it cannot fix it).
         check = getattr(self._play_context, "check_mode", False) is True or (
             getattr(self._task, "check_mode", None) is True
         )
+        foreign = (layer_results.get("units") or {}).get("foreign_overrides") or []
         result["changed_layers"] = [
             ROLE_OF[name]
             for name in _apply_args.ALL_LAYERS
             if (layer_results.get(name) or {}).get("changed")
             or (check and standing_drift(layer_results.get(name)))
+            or (name == "units" and check and foreign)
         ]
         if not result.get("failed"):
             result.setdefault("warnings", [])
             result["warnings"] += self._notes(host, result, applied, module_args)
+            if not check:
+                result["warnings"] += [override_message(item, host) for item in foreign]
         return result
 
     @staticmethod

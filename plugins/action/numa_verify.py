@@ -24,6 +24,7 @@ ARGUMENT_SPEC = dict(
     measured=dict(type="raw"),
     unit_states=dict(type="raw"),
     layer_states=dict(type="raw"),
+    effective=dict(type="raw"),
     render_mode=dict(type="bool", default=False),
     require_runtime=dict(type="bool", default=False),
     fail_on_failure=dict(type="bool", default=True),
@@ -121,6 +122,7 @@ class ActionModule(ControllerAction):
                 thresholds=plain(_thresholds(args["thresholds"])),
                 render_mode=args["render_mode"],
                 unit_states=plain(args["unit_states"]),
+                effective=plain(args["effective"]),
             )
             if args["layer_states"] is not None:
                 checks += verify.layer_checks(

@@ -299,9 +299,25 @@ layers:
       the apply does not change it (a pool held above the plan by pages in use). The action
       plugin's C(changed_layers) counts a layer with a C(drift) entry that is not C(pending) in
       check mode, and M(numafleet.tuning.numa_verify) judges them (O(numafleet.tuning.numa_verify#module:layer_states)).
+    - The units layer's C(effective) and C(foreign_overrides) say what systemd will use for each
+      planned unit, whoever wrote the files (see M(numafleet.tuning.pinned_units)). The action
+      plugin counts a non-empty C(foreign_overrides) in check mode as a change of the
+      C(pinned_services) layer (RV(changed_layers)), and outside check mode warns about each,
+      naming the file, the property, the planned and effective value and the fix (remove the file,
+      or C(systemctl revert UNIT), then daemon-reload and restart the unit).
   returned: always
   type: dict
   sample: {units: {changed: true, files: [], reload_needed: true, would_run: [], ran: []}}
+changed_layers:
+  description:
+    - Set by the action plugin when it built the options (site.yml, drift_check.yml, verify.yml,
+      the roles) - the roles whose layer changed or would change the host (V(hugepages),
+      V(numa_kernel), V(nvidia_mig), V(nvidia_mps), V(pinned_services)), in layer order. In check
+      mode a units layer with C(foreign_overrides) counts as V(pinned_services).
+  returned: when the action plugin built the options
+  type: list
+  elements: str
+  sample: [pinned_services]
 ran:
   description: Every command that ran, the layers' own and then the handler pass's, in order.
   returned: always

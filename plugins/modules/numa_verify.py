@@ -70,6 +70,18 @@ options:
         name to that layer's result; V(hugepages), V(kernel), V(mig) and V(mps) are read).
       - V(null) (the default) leaves out the layer checks C(hugepage_pools), C(kernel_settings),
         C(mig_layout), C(mps_settings) and C(irq_affinity).
+  effective:
+    description:
+      - The C(effective) list of the units layer of M(numafleet.tuning.host_apply) (or
+        M(numafleet.tuning.pinned_units)) - per planned unit, each planned property with its
+        planned and effective value and the file that sets it, merged from every unit file and
+        drop-in systemd reads, and the live values of C(systemctl show) on a live host.
+      - Adds the static check C(effective_units) per planned service (subject its name) and tenant
+        slice (subject the slice), also in render mode; outside render mode, a service whose
+        effective CPUAffinity/AllowedCPUs differ from the plan fails C(cpus_binding), and one whose
+        NUMAPolicy/NUMAMask/AllowedMemoryNodes differ fails C(mems_binding), naming the file,
+        whatever its processes show now.
+      - V(null) (the default) adds no such check.
     type: raw
   render_mode:
     description:

@@ -364,6 +364,84 @@ waiting:
       description: Why it does not exist yet (V(created in this run), V(created in this run once MIG mode is on) or V(mode change pending a reset)).
       type: str
       sample: created in this run
+effective:
+  description:
+    - Per planned unit (services, units pinned by a drop-in, tenant slices, sorted by unit), what
+      systemd will use - every unit file and C(*.conf) drop-in it reads for the unit (the load
+      path of systemd.unit(5) from C(/etc/systemd/system.control) to C(/usr/lib/systemd/system),
+      prefix drop-ins such as C(numafleet-.service.d/), type drop-ins C(service.d/) and
+      C(slice.d/), C(systemctl set-property) files), merged as systemd merges them, with
+      numafleet's own files as this run leaves them (also in check mode). Links are not followed.
+    - Computed in every mode. On the host itself (O(root=/), O(service_manager=systemd)) one
+      read-only C(systemctl show) of every unit adds C(live).
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    unit:
+      description: The unit.
+      returned: always
+      type: str
+      sample: numafleet-embed.service
+    fragment:
+      description: The unit file systemd loads, or null.
+      returned: always
+      type: str
+      sample: /etc/systemd/system/numafleet-embed.service
+    dropins:
+      description: The drop-ins applied, in systemd's order (lexicographic by file name).
+      returned: always
+      type: list
+      elements: str
+      sample: [/etc/systemd/system/numafleet-embed.service.d/override.conf]
+    masked:
+      description: The file (a link to /dev/null or an empty file) that masks the unit, or null.
+      returned: always
+      type: str
+    masked_dropins:
+      description: Drop-ins hidden by a drop-in of the same name in a higher-priority directory.
+      returned: always
+      type: list
+      elements: str
+    unread:
+      description: Files or directories that could not be read (a link, a FIFO, an error), with C(path) and C(reason).
+      returned: always
+      type: list
+      elements: dict
+    properties:
+      description:
+        - Planned property (C(CPUAffinity), C(NUMAPolicy), C(NUMAMask), C(AllowedCPUs),
+          C(AllowedMemoryNodes), C(Slice), C(Environment.NAME) per variable the plan sets) ->
+          C(planned), C(effective) (cpulists normalised as C(0-3,8), null when unset), C(source)
+          (the file that set the effective value) and C(ok).
+      returned: always
+      type: dict
+      sample:
+        CPUAffinity: {planned: 2-9, effective: 2-9, source: /etc/systemd/system/numafleet-embed.service, ok: true}
+    live:
+      description: Property -> the value C(systemctl show) reports (on the host itself only, for loaded units whose files this run does not change).
+      type: dict
+      returned: on a live systemd host
+  sample: []
+foreign_overrides:
+  description:
+    - Planned properties whose effective value differs from the plan, set by a file numafleet
+      did not write (a C(systemctl edit) C(override.conf), a runtime drop-in in
+      C(/run/systemd/system), a C(systemctl set-property) file, a vendor drop-in), or reported
+      differently by C(systemctl show) (C(source) V(systemctl show), C(dropins) the drop-ins
+      systemd reported that numafleet did not write); V(LoadState) when the unit is masked.
+    - numafleet never removes them (it removes only what it wrote). In check mode the drift check
+      counts them as drift of the C(pinned_services) layer; M(numafleet.tuning.host_apply) warns
+      about each when it applies.
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - unit: numafleet-embed.service
+      property: NUMAPolicy
+      planned: bind
+      effective: default
+      source: /etc/systemd/system/numafleet-embed.service.d/override.conf
 """
 
 from ansible.module_utils.basic import AnsibleModule

@@ -16,6 +16,7 @@ import xml.etree.ElementTree as ET
 from datetime import datetime, timezone
 
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.verify import (
+    EFFECTIVE_DIFFER,
     _xml_text,
     prometheus_lines,
 )
@@ -143,7 +144,16 @@ def foreign_changes(foreign) -> list:
     ``foreign_overrides`` (a list of file paths, or of dicts naming the file and its settings)."""
     out = []
     for item in foreign or ():
-        if isinstance(item, dict):
+        if isinstance(item, dict) and item.get("property"):
+            # The units layer's shape: {unit, property, planned, effective, source}.
+            planned, effective = item.get("planned"), item.get("effective")
+            path = item.get("source") or ""
+            names = [
+                f"{item.get('unit')} {item.get('property')}: planned "
+                f"{'(unset)' if planned is None else planned}, effective "
+                f"{'(unset)' if effective is None else effective}"
+            ]
+        elif isinstance(item, dict):
             path = item.get("path") or item.get("file") or item.get("source") or ""
             names = item.get("settings") or item.get("properties") or item.get("setting") or ()
             if isinstance(names, dict):
@@ -242,7 +252,11 @@ class DriftRun:
             record = self.hosts[name]
             checks = record["checks"] or []
             failed_checks = [c for c in checks if c.get("status") == "fail"]
-            drift_checks = [c for c in failed_checks if c.get("check") in DRIFT_CHECKS]
+            drift_checks = [
+                c
+                for c in failed_checks
+                if c.get("check") in DRIFT_CHECKS or c.get("detail") == EFFECTIVE_DIFFER
+            ]
             if record["unreachable"] is not None:
                 status = "unreachable"
             elif record["failed_tasks"] or len(drift_checks) < len(failed_checks):

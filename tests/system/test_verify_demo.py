@@ -136,13 +136,16 @@ def test_report_files_are_returned_and_written_on_the_controller(fleet):
     assert sorted(p.name for p in fleet.reports().iterdir()) == sorted(REPORT_FILES)
 
 
+STATIC = ("rendered_units", "effective_units")
+
+
 def test_runtime_checks_skipped_with_reason_and_static_checks_pass(fleet):
     report = _report(fleet)
     assert report["schema"] == "numafleet.verify/1"
     assert sorted(report["hosts"]) == fleet.hosts
     assert report["status"] == "pass"
     for host, entry in report["hosts"].items():
-        static = [c for c in entry["checks"] if c["check"] == "rendered_units"]
+        static = [c for c in entry["checks"] if c["check"] in STATIC]
         layer = [c for c in entry["checks"] if c["check"] in LAYER_CHECKS]
         runtime = [c for c in entry["checks"] if c not in static and c not in layer]
         assert static and all(c["status"] == "pass" for c in static), (host, static)
@@ -169,6 +172,10 @@ def test_runtime_checks_skipped_with_reason_and_static_checks_pass(fleet):
     a100 = report["hosts"]["gpu-a100-01"]["checks"]
     subjects = {c["subject"] for c in a100 if c["check"] == "rendered_units"}
     assert {"numafleet-llm-70b.service", "numafleet-team\\x2da.slice", "manifest"} <= subjects
+    # effective_units: one per planned service (its name) and tenant slice, also in render mode
+    effective = {c["subject"]: c for c in a100 if c["check"] == "effective_units"}
+    assert "numafleet-team\\x2da.slice" in effective and "llm-70b" in effective, sorted(effective)
+    assert effective["llm-70b"]["target"]["NUMAPolicy"] == "bind"
     gh200 = {c["subject"] for c in report["hosts"]["gh200-01"]["checks"]}
     assert "tritonserver.service" in gh200  # a drop-in counts for its unit
 

@@ -558,6 +558,7 @@ def _units(params: dict, host, ran: list) -> dict:
         )
     every = [change for change in changes + [manifest_change, plan_change] if change is not None]
     handlers = systemd and not host.check_mode
+    state = _effective_units(params, host, desired, changes)
     result = dict(
         changed=any(change.state != "unchanged" for change in every),
         files=[change.as_dict() for change in every],
@@ -571,10 +572,37 @@ def _units(params: dict, host, ran: list) -> dict:
         handler_try_restart=list(actions.try_restart) if handlers else [],
         handler_start=list(actions.start) if handlers else [],
         waiting=actions.waiting_dicts(),
+        effective=state["effective"],
+        foreign_overrides=state["foreign_overrides"],
     )
     if host.diff:
         result["diff"] = [change.as_diff() for change in every if change.state != "unchanged"]
     return result
+
+
+def _effective_units(params: dict, host, desired: dict, changes: list) -> dict:
+    """effective.effective_state of the planned units, with the files as this run leaves them.
+
+    On the host itself (root /, service_manager systemd, systemctl found) the live properties
+    come from one read-only ``systemctl show`` of every unit (also in check mode).
+    """
+    from . import effective, units
+
+    overlay = {change.path: change.after for change in changes}
+    pending = {units.unit_of(c.path) for c in changes if c.state != "unchanged"}
+    show = None
+    systemctl = None
+    if params["service_manager"] == "systemd" and params["root"] == "/":
+        systemctl = host.get_bin_path("systemctl")
+    if systemctl:
+
+        def show(names):
+            rc, out, dummy = host.run_command(
+                effective.show_argv(systemctl, names), environ_update=dict(ENVIRON)
+            )
+            return out if rc == 0 else None
+
+    return effective.effective_state(params["root"], desired, overlay, pending, show)
 
 
 _RUNNERS = {

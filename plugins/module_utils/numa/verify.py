@@ -25,8 +25,20 @@ Rules (docs/architecture.md, "Verify: metrics and checks"):
   (``rendered_unit_checks``), a file whose state is not ``unchanged`` fails its unit (the manifest
   its own subject, ``manifest``).
 
+- ``effective_units`` (static, per planned service and tenant slice, also in render mode): what
+  systemd will use for the unit - every unit file and drop-in it reads, merged as systemd merges
+  them (effective.py), and on a live host what ``systemctl show`` reports - equals the planned
+  CPUAffinity, NUMAPolicy, NUMAMask, AllowedCPUs, AllowedMemoryNodes, Slice and Environment
+  variables. It fails naming each differing property, its planned and effective value and the
+  file that sets it (a foreign drop-in, a ``systemctl set-property`` file); it warns when a file
+  could not be read. From the units layer's ``effective`` list (``effective_unit_checks``).
+  Outside render mode, a service whose effective CPU properties (CPUAffinity, AllowedCPUs)
+  differ fails ``cpus_binding``, and one whose memory properties (NUMAPolicy, NUMAMask,
+  AllowedMemoryNodes) differ fails ``mems_binding``, naming the file, whatever its processes
+  show now (they may not have been restarted since).
+
 In render mode nothing runs: every runtime check is skipped with the reason "render mode: nothing
-runs"; the static check still runs.
+runs"; the static checks still run.
 
 JSON report schema ``numafleet.verify/1`` (``as_json_report``)::
 
@@ -61,6 +73,7 @@ from datetime import datetime, timezone
 from typing import Any, Optional
 
 from .cpulist import format_cpulist
+from .effective import CPU_PROPERTIES, MEM_PROPERTIES, shown
 from .errors import NumaTuneError, VerifyError
 from .units import DEFAULT_MANIFEST_PATH, render_files, unit_of
 
@@ -76,7 +89,10 @@ DEFAULT_THRESHOLDS = {
 RENDER_MODE_REASON = "render mode: nothing runs"
 SERVICE_CHECKS = ("running", "cpus_binding", "mems_binding", "offnode_share", "gpu_locality")
 NODE_CHECKS = ("memory_used", "hugepages_total")
-STATIC_CHECKS = ("rendered_units",)
+STATIC_CHECKS = ("rendered_units", "effective_units")
+# The detail of a binding check failed by the effective unit settings (not by a measurement): the
+# drift report counts it as drift, like the effective_units check it repeats.
+EFFECTIVE_DIFFER = "effective settings differ"
 RUNTIME_CHECKS = SERVICE_CHECKS + NODE_CHECKS
 _SUMMARY_PROBLEMS = 5
 
@@ -370,6 +386,156 @@ def rendered_unit_checks(
             f"{len(bad)} of {len(files)} file(s) {'/'.join(sorted(set(bad.values())))}",
         )
     return out.out
+
+
+def _effective_problems(entry: dict) -> dict:
+    """{property: text} of the properties of an ``effective`` entry that differ from the plan:
+    the planned and effective value and the file (or ``systemctl show``) that sets it."""
+    problems = {}
+    unit = entry.get("unit")
+    if entry.get("masked"):
+        problems["LoadState"] = f"{unit} is masked by {entry['masked']}"
+    live = entry.get("live") or {}
+    for prop, item in sorted((entry.get("properties") or {}).items()):
+        if not isinstance(item, dict):
+            continue
+        if not item.get("ok"):
+            problems[prop] = (
+                f"{prop} is {shown(item.get('effective'))} (planned {shown(item.get('planned'))}), "
+                f"set by {item.get('source') or 'no file'}"
+            )
+        elif prop in live and live[prop] != item.get("planned"):
+            problems[prop] = (
+                f"{prop} is {shown(live[prop])} in the running service manager (systemctl show; "
+                f"planned {shown(item.get('planned'))}): a daemon-reload is owed or a drop-in "
+                f"outside the unit directories sets it"
+            )
+    return problems
+
+
+def _subjects(plan: dict) -> dict:
+    """{unit: verify subject}: a placement's name for its unit, the slice for a tenant slice."""
+    subjects = {}
+    for tenant in plan.get("tenants") or ():
+        if isinstance(tenant, dict) and isinstance(tenant.get("slice"), str):
+            subjects[tenant["slice"]] = tenant["slice"]
+    for placement in plan.get("placements") or ():
+        if isinstance(placement, dict) and isinstance(placement.get("unit"), str):
+            subjects[placement["unit"]] = str(placement.get("name"))
+    return subjects
+
+
+_EFFECTIVE_FIX = (
+    "remove the file (or run systemctl revert UNIT, which removes every drop-in of the unit: "
+    "run site.yml again after it), then systemctl daemon-reload and restart the unit: "
+    "numafleet does not remove files it did not write"
+)
+
+
+def effective_unit_checks(host: str, plan: dict, entries) -> list[Check]:
+    """``effective_units`` checks from the units layer's ``effective`` list (one per unit).
+
+    Passes when every planned property is in effect; fails naming each differing property, its
+    planned and effective value and the file that sets it; warns when a file systemd reads could
+    not be read (a link, a FIFO). Raises VerifyError for entries of the wrong shape.
+    """
+    if not isinstance(entries, (list, tuple)):
+        raise VerifyError(
+            f"host {host}: effective is {type(entries).__name__}, not a list; pass the effective "
+            "list of host_apply's units layer"
+        )
+    subjects = _subjects(plan)
+    out = _Checks(host)
+    for entry in sorted(
+        (e for e in entries if isinstance(e, dict) and e.get("unit")), key=lambda e: e["unit"]
+    ):
+        unit = entry["unit"]
+        subject = subjects.get(unit, unit)
+        planned = {
+            prop: item.get("planned")
+            for prop, item in sorted((entry.get("properties") or {}).items())
+            if isinstance(item, dict)
+        }
+        measured = {
+            prop: item.get("effective")
+            for prop, item in sorted((entry.get("properties") or {}).items())
+            if isinstance(item, dict)
+        }
+        problems = _effective_problems(entry)
+        if problems:
+            out.add(
+                "effective_units",
+                subject,
+                "fail",
+                measured,
+                planned,
+                "setting",
+                f"{unit}: "
+                + "; ".join(problems.values())
+                + "; "
+                + _EFFECTIVE_FIX.replace("UNIT", unit),
+                ", ".join(sorted(problems)) + " overridden",
+            )
+        elif entry.get("unread"):
+            paths = ", ".join(str(item.get("path")) for item in entry["unread"])
+            out.add(
+                "effective_units",
+                subject,
+                "warn",
+                measured,
+                planned,
+                "setting",
+                f"{unit}: the planned settings are in effect, but {paths} could not be read "
+                "(links are not followed): check by hand that it does not change them",
+                "unreadable file(s)",
+            )
+        else:
+            out.add(
+                "effective_units",
+                subject,
+                "pass",
+                measured,
+                planned,
+                "setting",
+                f"{unit}: {len(planned)} planned setting(s) in effect",
+            )
+    return out.out
+
+
+def _effective_bindings(out: _Checks, placements: list, entries) -> None:
+    """Fail cpus_binding / mems_binding of services whose effective settings differ."""
+    by_unit = {e.get("unit"): e for e in entries or () if isinstance(e, dict)}
+    for placement in placements:
+        entry = by_unit.get(placement.get("unit"))
+        if entry is None:
+            continue
+        problems = _effective_problems(entry)
+        name = str(placement.get("name"))
+        for kind, props in (("cpus", CPU_PROPERTIES), ("mems", MEM_PROPERTIES)):
+            texts = [problems[p] for p in sorted(problems) if p in props or p == "LoadState"]
+            if not texts:
+                continue
+            check = f"{kind}_binding"
+            planned = format_cpulist(placement.get(kind) or ())
+            message = (
+                f"{entry['unit']}: " + "; ".join(texts) + "; the service runs (or will run after "
+                "its next restart) outside the plan's binding: "
+                + _EFFECTIVE_FIX.replace("UNIT", entry["unit"])
+            )
+            for index, old in enumerate(out.out):
+                if old.check == check and old.subject == name:
+                    out.out[index] = Check(
+                        out.host,
+                        check,
+                        name,
+                        "fail",
+                        old.measured,
+                        planned,
+                        "cpulist",
+                        message,
+                        EFFECTIVE_DIFFER,
+                    )
+                    break
 
 
 def _find_service(services: list, placement: dict) -> Optional[dict]:
@@ -699,6 +865,7 @@ def evaluate(
     current_files: Optional[dict] = None,
     render_options: Optional[dict] = None,
     unit_states: Optional[list] = None,
+    effective: Optional[list] = None,
 ) -> list[Check]:
     """The checks of one host; raises VerifyError for bad thresholds or inputs of the wrong shape.
 
@@ -708,6 +875,9 @@ def evaluate(
     keyword arguments of ``units.render_files`` (header, hardening_default, unit_dir).
     ``unit_states`` is pinned_units' check-mode ``files`` list; when given it decides
     ``rendered_units`` (``rendered_unit_checks``) instead of ``current_files``.
+    ``effective`` is the units layer's ``effective`` list (host_apply); when given it adds the
+    ``effective_units`` checks and, outside render mode, fails the binding checks of services
+    whose effective settings differ from the plan.
     """
     limits = parse_thresholds(thresholds)
     plan = _mapping(plan, "plan", host)
@@ -720,6 +890,8 @@ def evaluate(
         _check_rendered(
             out, plan, _mapping(current_files, "current_files", host), render_options or {}
         )
+    if effective is not None:
+        out.out.extend(effective_unit_checks(host, plan, effective))
     placements = sorted(
         (p for p in plan.get("placements") or () if isinstance(p, dict)),
         key=lambda p: str(p.get("name")),
@@ -749,6 +921,8 @@ def evaluate(
     services = [s for s in measured.get("services") or () if isinstance(s, dict)]
     for placement in placements:
         _check_service(out, placement, _find_service(services, placement), limits)
+    if effective is not None:
+        _effective_bindings(out, placements, effective)
     nodes = {
         n["id"]: n
         for n in measured.get("nodes") or ()

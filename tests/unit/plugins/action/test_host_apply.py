@@ -160,3 +160,30 @@ def test_module_options_go_to_the_module_as_given():
     result, sent = run_action(args, {"numafleet_render_root": "relative/root"})
     assert not result.get("failed"), result
     assert sent == [("numafleet.tuning.host_apply", args)]
+
+
+FOREIGN = [
+    {
+        "unit": "numafleet-embed.service",
+        "property": "NUMAPolicy",
+        "planned": "bind",
+        "effective": "default",
+        "source": "/etc/systemd/system/numafleet-embed.service.d/override.conf",
+    }
+]
+
+
+def test_a_foreign_override_is_drift_in_check_mode_and_a_warning_when_applying():
+    module_result = {
+        "changed": False,
+        "layers": {"units": {"changed": False, "foreign_overrides": FOREIGN}},
+    }
+    host_vars = {"numafleet_render_root": "/srv/render/node-01"}
+    result, dummy = run_action({}, host_vars, check_mode=True, module_result=module_result)
+    assert result["changed_layers"] == ["pinned_services"]
+    assert not any("override.conf" in w for w in result.get("warnings") or [])
+    result, dummy = run_action({}, host_vars, module_result=module_result)
+    assert result["changed_layers"] == []
+    (warning,) = [w for w in result["warnings"] if "override.conf" in w]
+    assert warning.startswith(f"host {HOST}: numafleet-embed.service: NUMAPolicy is default")
+    assert "planned bind" in warning and "systemctl revert numafleet-embed.service" in warning

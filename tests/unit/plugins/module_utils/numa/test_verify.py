@@ -788,3 +788,114 @@ def test_require_runtime_turns_skipped_runtime_checks_into_failures():
         "not run (render mode: nothing runs); numafleet_verify_require_runtime is true"
     )
     assert verify.status_text(checks) == "fail"
+
+
+# --- effective_units ---------------------------------------------------------------------------
+
+
+def _effective(tmp_path, plan, extra=None):
+    """The units layer's effective list for ``plan`` written under tmp_path, plus ``extra`` files."""
+    from ansible_collections.numafleet.tuning.plugins.module_utils.numa import effective
+
+    desired = units.render_files(plan)
+    for path, text in {**desired, **(extra or {})}.items():
+        target = tmp_path / path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+    entries, dummy = effective.evaluate(str(tmp_path), desired)
+    return entries
+
+
+OVERRIDE = "/etc/systemd/system/numafleet-embed.service.d/override.conf"
+
+
+def test_effective_units_pass_when_nothing_overrides(tmp_path):
+    plan = make_plan(placement())
+    entries = _effective(tmp_path, plan)
+    checks = verify.evaluate(HOST, plan, measure(service()), effective=entries)
+    check = pick(checks, "effective_units", "embed")
+    assert check.status == "pass"
+    assert check.measured["NUMAPolicy"] == "bind"
+    assert pick(checks, "cpus_binding", "embed").status == "pass"
+
+
+def test_foreign_override_fails_effective_and_binding_checks_naming_the_file(tmp_path):
+    plan = make_plan(placement())
+    entries = _effective(
+        tmp_path, plan, {OVERRIDE: "[Service]\nCPUAffinity=\nNUMAPolicy=default\n"}
+    )
+    # The processes still run with the old binding (not restarted): measured within the plan.
+    checks = verify.evaluate(HOST, plan, measure(service()), effective=entries)
+    check = pick(checks, "effective_units", "embed")
+    assert check.status == "fail"
+    assert OVERRIDE in check.message and "systemctl revert numafleet-embed.service" in check.message
+    assert check.measured["NUMAPolicy"] == "default" and check.target["NUMAPolicy"] == "bind"
+    cpus, mems = pick(checks, "cpus_binding", "embed"), pick(checks, "mems_binding", "embed")
+    assert cpus.status == mems.status == "fail"
+    assert "CPUAffinity is (unset)" in cpus.message and OVERRIDE in cpus.message
+    assert "NUMAPolicy is default" in mems.message and "CPUAffinity" not in mems.message
+
+
+def test_effective_units_runs_in_render_mode(tmp_path):
+    plan = make_plan(placement())
+    extra = {
+        "/etc/systemd/system.control/numafleet-embed.service.d/50-AllowedMemoryNodes.conf": (
+            "[Service]\nAllowedMemoryNodes=0-1\n"
+        )
+    }
+    entries = _effective(tmp_path, plan, extra)
+    checks = verify.evaluate(HOST, plan, None, render_mode=True, effective=entries)
+    assert pick(checks, "effective_units", "embed").status == "fail"
+    assert "50-AllowedMemoryNodes.conf" in pick(checks, "effective_units", "embed").message
+    assert pick(checks, "mems_binding", "embed").status == "skipped"
+
+
+def test_live_difference_fails_effective_units(tmp_path):
+    plan = make_plan(placement())
+    entries = _effective(tmp_path, plan)
+    entries[0]["live"] = {"NUMAPolicy": "default"}
+    checks = verify.evaluate(HOST, plan, measure(service()), effective=entries)
+    check = pick(checks, "effective_units", "embed")
+    assert check.status == "fail" and "systemctl show" in check.message
+    assert pick(checks, "mems_binding", "embed").status == "fail"
+
+
+def test_unreadable_dropin_warns(tmp_path):
+    import os
+
+    plan = make_plan(placement())
+    (tmp_path / "etc/systemd/system/numafleet-embed.service.d").mkdir(parents=True)
+    os.symlink("/etc/elsewhere.conf", tmp_path / OVERRIDE.lstrip("/"))
+    entries = _effective(tmp_path, plan)
+    check = pick(
+        verify.evaluate(HOST, plan, None, render_mode=True, effective=entries), "effective_units"
+    )
+    assert check.status == "warn" and OVERRIDE in check.message
+
+
+def test_effective_of_the_wrong_shape_is_refused():
+    with pytest.raises(VerifyError, match="effective is dict"):
+        verify.evaluate(HOST, make_plan(placement()), None, render_mode=True, effective={})
+
+
+def test_require_runtime_keeps_layer_static_and_waiting_checks_skipped():
+    """Only runtime checks fail for not being run: a layer check skipped because the host has no
+    such layer, a static check and the checks of a placement waiting for its MIG instance stay
+    skipped."""
+
+    def skipped(check, reason):
+        return verify.Check(
+            HOST, check, "x", "skipped", None, None, "", f"skipped: {reason}", reason
+        )
+
+    checks = [
+        skipped("mig_layout", "no MIG GPU in the plan (numafleet_mig_gpus)"),
+        skipped("effective_units", "no effective state given"),
+        skipped("cpus_binding", "waits for MIG instance 1g.10gb at slice 2: created in this run"),
+        skipped("memory_used", verify.RENDER_MODE_REASON),
+    ]
+    assert [c.status for c in verify.require_runtime(checks)] == [
+        "skipped", "skipped", "skipped", "fail"
+    ]  # fmt: skip
+    # render: names render mode even when other checks were skipped for their own reasons
+    assert verify.status_text(checks) == "skipped (render: 4 of 4 checks not run)"
