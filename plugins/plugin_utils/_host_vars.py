@@ -455,10 +455,10 @@ HOST_VARS = (
     HostVar(
         "numafleet_capture_dir",
         "path",
-        None,
+        "captures",
         "Controller directory where capture_topology.yml puts the <host>.tar.gz recordings.",
         (CAPTURE,),
-        default_text="captures/ next to playbooks/",
+        default_text="captures/ in the directory ansible-playbook runs in",
     ),
     # -- the plan (numafleet.tuning.numa_plan) ---------------------------------------------------
     HostVar(
