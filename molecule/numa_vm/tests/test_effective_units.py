@@ -20,10 +20,8 @@ SHOW = "Id,LoadState,CPUAffinity,NUMAPolicy,NUMAMask,AllowedCPUs,AllowedMemoryNo
 
 
 def run_drift(report_dir: Path) -> tuple:
-    env = {
-        "ANSIBLE_CALLBACKS_ENABLED": "numafleet.tuning.drift_report",
-        "NUMAFLEET_DRIFT_REPORT_DIR": str(report_dir),
-    }
+    # The playbook writes the report itself; NUMAFLEET_DRIFT_REPORT_DIR names the drift directory.
+    env = {"NUMAFLEET_DRIFT_REPORT_DIR": str(report_dir)}
     proc, output, seconds = run_playbook("drift_check.yml", env=env)
     report_file = report_dir / "latest" / "drift.json"
     assert report_file.exists(), f"no drift report (exit {proc.returncode}):\n{output[-4000:]}"
