@@ -75,8 +75,11 @@ def failure_message(host: str, checks: list) -> str:
     """One message naming the host, and per failed check the subject, measured value and target."""
     failed = [check for check in checks if check.status == "fail"]
     parts = [
-        f"{check.check} {check.subject}: measured {_shown(check.measured, check.unit)}, target "
-        f"{_shown(check.target, check.unit)} ({check.message})"
+        # A check that was not run (numafleet_verify_require_runtime) has nothing measured.
+        f"{check.check} {check.subject}: {check.message}"
+        if check.detail == "not run"
+        else f"{check.check} {check.subject}: measured {_shown(check.measured, check.unit)}, "
+        f"target {_shown(check.target, check.unit)} ({check.message})"
         for check in failed[:_FAILURES_SHOWN]
     ]
     if len(failed) > _FAILURES_SHOWN:

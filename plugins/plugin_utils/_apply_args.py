@@ -627,23 +627,28 @@ def _safe(function, *args) -> bool:
 
 
 def measure_problems(host: str, host_vars: Mapping) -> list:
-    """The measurement-settings check of drift_check.yml: one message, or [] when fine.
+    """The measurement-settings check of drift_check.yml: a message per bad setting, [] when fine.
 
     Reads numafleet_verify_window_s (seconds, 0 to 3600), numafleet_verify_perf (auto, never) and
-    numafleet_drift_fail (true, false, yes, no) of ``host_vars``.
+    numafleet_drift_fail (true, false, yes, no) of ``host_vars``; only the bad ones are named.
     """
     host_vars = host_vars if isinstance(host_vars, Mapping) else {}
     window = host_vars.get("numafleet_verify_window_s", 5)
     perf = host_vars.get("numafleet_verify_perf", "auto")
     fail = host_vars.get("numafleet_drift_fail", True)
-    if _measurement_ok(window, perf) and _text(fail).lower() in ("true", "false", "yes", "no"):
-        return []
-    return [
-        f"host {host}: numafleet_verify_window_s is '{_text(window)}', numafleet_verify_perf is "
-        f"'{_text(perf)}' and numafleet_drift_fail is '{_text(fail)}'; the window is a number of "
-        "seconds from 0 to 3600 (e.g. 5; 0 = one sample), perf is auto or never, and "
-        "numafleet_drift_fail is true or false."
-    ]
+    problems = []
+    if not _measurement_ok(window, perf):
+        problems.append(
+            f"host {host}: numafleet_verify_window_s is '{_text(window)}' and "
+            f"numafleet_verify_perf is '{_text(perf)}'; the window is a number of seconds from 0 "
+            "to 3600 (e.g. 5; 0 = one sample) and perf is auto or never."
+        )
+    if _text(fail).lower() not in ("true", "false", "yes", "no"):
+        problems.append(
+            f"host {host}: numafleet_drift_fail is '{_text(fail)}'; use true (a host that drifted "
+            "or failed a check fails the run) or false (report only)."
+        )
+    return problems
 
 
 def _measurement_ok(window, perf) -> bool:

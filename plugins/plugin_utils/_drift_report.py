@@ -301,7 +301,8 @@ def _summary(name: str, status: str, record: dict, failed_checks: list) -> str:
         parts.append(f"unreachable: {record['unreachable']['msg']}")
     roles = sorted({entry["role"] for entry in record["drift"]})
     if roles:
-        parts.append(f"{len(record['drift'])} change(s) in {', '.join(roles)}")
+        count = sum(len(entry["changes"]) or 1 for entry in record["drift"])
+        parts.append(f"{count} change(s) in {', '.join(roles)}")
     if record.get("verify_status"):
         parts.append(f"verify {record['verify_status']}")
     for task in record["failed_tasks"][:_SUMMARY_ITEMS]:

@@ -958,19 +958,31 @@ def _status(counts: dict) -> str:
     return "skipped"
 
 
+def not_applicable(check) -> bool:
+    """Whether ``check`` (a Check) was skipped because it does not apply to the host: a layer
+    check (LAYER_CHECKS) of a layer the host does not have (no NVIDIA GPU for mig_layout and
+    mps_settings, no managed hugepage pool, IRQ pinning off). Such a check is not "not run"."""
+    return check.status == "skipped" and check.check in LAYER_CHECKS
+
+
+def not_run(checks) -> list:
+    """The skipped checks of ``checks`` (Check objects) that could have run: every skipped check
+    but the ones that do not apply (``not_applicable``)."""
+    return [check for check in checks if check.status == "skipped" and not not_applicable(check)]
+
+
 def status_text(checks) -> str:
     """The status of ``checks`` (Check objects) for people: 'pass', or with the checks not run,
     'pass (render: 27 of 34 checks not run)' ('render: ' when checks were skipped because render
-    mode measures nothing; the count includes every skipped check, such as a layer check of a layer
-    the host does not have)."""
-    counts = _counts(checks)
-    status = _status(counts)
-    if not counts["skipped"]:
+    mode measures nothing). Checks that do not apply to the host (``not_applicable``) are left out
+    of both numbers."""
+    status = _status(_counts(checks))
+    skipped = not_run(checks)
+    if not skipped:
         return status
-    skipped = [check for check in checks if check.status == "skipped"]
     render = any(check.detail == RENDER_MODE_REASON for check in skipped)
-    total = sum(counts.values())
-    return f"{status} ({'render: ' if render else ''}{counts['skipped']} of {total} checks not run)"
+    total = sum(1 for check in checks if not not_applicable(check))
+    return f"{status} ({'render: ' if render else ''}{len(skipped)} of {total} checks not run)"
 
 
 def require_runtime(checks) -> list:
@@ -991,8 +1003,9 @@ def require_runtime(checks) -> list:
                 check.measured,
                 check.target,
                 check.unit,
-                f"not run ({check.detail or check.message}); numafleet_verify_require_runtime "
-                "is true",
+                f"not run ({check.detail or check.message}); "
+                "numafleet_verify_require_runtime is true: run verify on the host itself (not in "
+                "render mode), or set it to false",
                 "not run",
             )
         out.append(check)
@@ -1016,7 +1029,7 @@ def summary_line(host: str, checks) -> str:
         parts.append(f"{counts['warn']} warned")
     parts += [f"{counts['fail']} failed", f"{counts['skipped']} skipped"]
     line = f"{host}: {', '.join(parts)}"
-    if counts["skipped"]:
+    if not_run(mine):
         line += f"; status {status_text(mine)}"
     problems = [c for c in mine if c.status == "fail"] + [c for c in mine if c.status == "warn"]
     notes = [
@@ -1066,7 +1079,7 @@ def as_json_report(run: dict, checks) -> dict:
         hosts[host] = {
             "status": status,
             "status_text": status_text(mine),
-            "not_run": counts["skipped"],
+            "not_run": len(not_run(mine)),
             "summary": summary_line(host, mine),
             "counts": counts,
             "checks": [check.as_dict() for check in mine],
@@ -1134,7 +1147,7 @@ def as_junit_xml(checks, run: Optional[dict] = None) -> str:
         ET.SubElement(properties, "property", name="warnings", value=str(counts["warn"]))
         ET.SubElement(properties, "property", name="status", value=_status(counts))
         ET.SubElement(properties, "property", name="status_text", value=status_text(mine))
-        ET.SubElement(properties, "property", name="not_run", value=str(counts["skipped"]))
+        ET.SubElement(properties, "property", name="not_run", value=str(len(not_run(mine))))
         for check in mine:
             case = ET.SubElement(
                 suite,
@@ -1218,7 +1231,7 @@ def as_prometheus_text(checks, measured: Optional[dict] = None, run: Optional[di
             families["numafleet_verify_checks"].append(
                 ((("host", host), ("status", status)), counts[status])
             )
-        families["numafleet_verify_checks_not_run"].append(((("host", host),), counts["skipped"]))
+        families["numafleet_verify_checks_not_run"].append(((("host", host),), len(not_run(mine))))
     if run is not None:
         stamp = _timestamp(run)
         for host in sorted(set(hosts) | set(measured or {})):
@@ -1289,7 +1302,7 @@ def prometheus_lines(families: dict, helps: dict) -> list:
 # (the recorded sysfs, procfs and GPU snapshot are the host there).
 LAYER_CHECKS = ("hugepage_pools", "kernel_settings", "mig_layout", "mps_settings", "irq_affinity")
 _NOT_RUN = (
-    "host_apply did not run the {layer} layer (no GPU on this host for mig and mps, or the "
+    "host_apply did not run the {layer} layer (no NVIDIA GPU on this host for mig and mps, or the "
     "layer was left out of host_apply's layers)"
 )
 

@@ -159,7 +159,7 @@ def test_drift_names_host_role_file_and_setting():
         {"path_or_header": VISION, "state": "create", "added": 4, "removed": 0, "settings": []},
     ]  # fmt: skip
     assert entry["failed_tasks"] == []
-    assert "2 change(s) in hugepages, pinned_services" in entry["summary"]
+    assert "3 change(s) in hugepages, pinned_services" in entry["summary"]
     assert "FAIL offnode_share embed 7.1% > 2%" in entry["summary"]
     assert "CPUAffinity=0-63" not in json.dumps(report)  # a summary, never the text
     assert report["hosts"]["xeon-01"]["status"] == "clean"

@@ -441,12 +441,16 @@ def test_measure_problems():
         == []
     )
     assert measure_problems(H, {"numafleet_verify_window_s": 4000}) == [
-        f"host {H}: numafleet_verify_window_s is '4000', numafleet_verify_perf is 'auto' and "
-        "numafleet_drift_fail is 'True'; the window is a number of seconds from 0 to 3600 "
-        "(e.g. 5; 0 = one sample), perf is auto or never, and numafleet_drift_fail is true or false."
+        f"host {H}: numafleet_verify_window_s is '4000' and numafleet_verify_perf is 'auto'; the "
+        "window is a number of seconds from 0 to 3600 (e.g. 5; 0 = one sample) and perf is auto "
+        "or never."
     ]
     assert measure_problems(H, {"numafleet_verify_perf": ["x"]})
-    assert measure_problems(H, {"numafleet_drift_fail": "maybe"})
+    # Only the bad setting is named.
+    assert measure_problems(H, {"numafleet_drift_fail": "maybe"}) == [
+        f"host {H}: numafleet_drift_fail is 'maybe'; use true (a host that drifted or failed a "
+        "check fails the run) or false (report only)."
+    ]
 
 
 def test_site_inputs_take_host_vars_then_defaults():

@@ -785,7 +785,8 @@ def test_require_runtime_turns_skipped_runtime_checks_into_failures():
     checks = verify.require_runtime(render_checks())
     assert [c.status for c in checks] == ["pass", "fail", "fail", "fail"]
     assert checks[1].message == (
-        "not run (render mode: nothing runs); numafleet_verify_require_runtime is true"
+        "not run (render mode: nothing runs); numafleet_verify_require_runtime is true: run "
+        "verify on the host itself (not in render mode), or set it to false"
     )
     assert verify.status_text(checks) == "fail"
 
@@ -897,5 +898,11 @@ def test_require_runtime_keeps_layer_static_and_waiting_checks_skipped():
     assert [c.status for c in verify.require_runtime(checks)] == [
         "skipped", "skipped", "skipped", "fail"
     ]  # fmt: skip
-    # render: names render mode even when other checks were skipped for their own reasons
-    assert verify.status_text(checks) == "skipped (render: 4 of 4 checks not run)"
+    # render: names render mode even when other checks were skipped for their own reasons; the
+    # layer check of a layer the host does not have is not "not run" and not counted
+    assert verify.status_text(checks) == "skipped (render: 3 of 3 checks not run)"
+    assert [c.check for c in verify.not_run(checks)] == [
+        "effective_units", "cpus_binding", "memory_used"
+    ]  # fmt: skip
+    report = verify.as_json_report(RUN, checks)
+    assert report["hosts"][HOST]["not_run"] == 3
