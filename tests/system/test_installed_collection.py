@@ -274,6 +274,12 @@ def test_drift_by_fqcn_blames_each_host_as_itself(installed, converged):
     assert final == {EDITED[0]: "failed", DEAD: "failed", TYPO: "failed", HOSTS[1]: "skipped"}
     assert run.stats[HOSTS[1]]["failures"] == 0, run.stats
     assert run.stats[EDITED[0]]["failures"] == 1, run.stats
+    # Each summary line leads with the host's own status; a host never checked is not "no drift".
+    lines = {r["host"]: r["msg"] for r in run.results(task="Print the drift summary")}
+    assert lines[DEAD].startswith(f"{DEAD}: drift check unreachable; not checked;"), lines
+    assert lines[TYPO].startswith(f"{TYPO}: drift check fail; not checked;"), lines
+    assert lines[HOSTS[1]].startswith(f"{HOSTS[1]}: drift check clean; no drift;"), lines
+    assert "Make the host reachable" in next(r["msg"] for r in run.results(DEAD, FINAL_DRIFT))
     msg = next(r["msg"] for r in run.results(EDITED[0], FINAL_DRIFT))
     assert msg.startswith(f"{EDITED[0]}: drift; 1 change(s) in pinned_services"), msg
 
