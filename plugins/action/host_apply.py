@@ -140,8 +140,9 @@ class ActionModule(ActionBase):
         if not result.get("failed"):
             result.setdefault("warnings", [])
             result["warnings"] += self._notes(host, result, applied, module_args)
-            if not check:
-                result["warnings"] += [override_message(item, host) for item in foreign]
+            # Also in check mode: a reviewer of --check --diff learns that the plan will not take
+            # effect while the foreign file stays.
+            result["warnings"] += [override_message(item, host) for item in foreign]
         return result
 
     @staticmethod

@@ -371,7 +371,15 @@ effective:
       path of systemd.unit(5) from C(/etc/systemd/system.control) to C(/usr/lib/systemd/system),
       prefix drop-ins such as C(numafleet-.service.d/), type drop-ins C(service.d/) and
       C(slice.d/), C(systemctl set-property) files), merged as systemd merges them, with
-      numafleet's own files as this run leaves them (also in check mode). Links are not followed.
+      numafleet's own files as this run leaves them (also in check mode). A drop-in, drop-in
+      directory or environment file that is a link is followed below O(root) (an absolute
+      target is taken below it); a target outside O(root) or a loop is not read (see
+      C(unread)).
+    - C(EnvironmentFile=) files (C(-) before the path - a missing file is ignored; an empty
+      assignment resets the list) are read and override C(Environment=); C(UnsetEnvironment=)
+      then removes a variable or an exact C(VAR=VALUE).
+    - Values and paths are shown with control characters and bytes that are not UTF-8 escaped
+      (C(\x00), C(\xff)).
     - Computed in every mode. On the host itself (O(root=/), O(service_manager=systemd)) one
       read-only C(systemctl show) of every unit adds C(live).
   returned: always
@@ -404,16 +412,34 @@ effective:
       type: list
       elements: str
     unread:
-      description: Files or directories that could not be read (a link, a FIFO, an error), with C(path) and C(reason).
+      description:
+        - Files or directories systemd reads that could not be read (a link out of O(root) or in
+          a loop, a FIFO, a missing C(EnvironmentFile=) without C(-), an error), with C(path),
+          C(reason), C(via) (the drop-in naming an environment file) and C(ignored) (true for a
+          dangling drop-in link, which systemd ignores). Each one not C(ignored) is also in
+          RV(foreign_overrides) with property V((unreadable)).
       returned: always
       type: list
       elements: dict
+    links:
+      description: Drop-in or unit file links followed -> the path read below O(root).
+      returned: always
+      type: dict
     properties:
       description:
-        - Planned property (C(CPUAffinity), C(NUMAPolicy), C(NUMAMask), C(AllowedCPUs),
-          C(AllowedMemoryNodes), C(Slice), C(Environment.NAME) per variable the plan sets) ->
-          C(planned), C(effective) (cpulists normalised as C(0-3,8), null when unset), C(source)
-          (the file that set the effective value) and C(ok).
+        - Every setting numafleet's files assign in C([Unit]) and the type section (C([Service]),
+          C([Slice])) - C(CPUAffinity), C(NUMAPolicy), C(NUMAMask), C(AllowedCPUs),
+          C(AllowedMemoryNodes), C(Slice), C(MemoryMax) of a tenant slice, C(ExecStart), C(User),
+          C(LimitMEMLOCK), the hardening settings, C(Description), C(After)/C(Requires), and
+          C(Environment.NAME) per variable the plan sets - -> C(planned), C(effective), C(source)
+          (the file that set the effective value), C(ok) and C(detail) (how that file sets it -
+          C(EnvironmentFile=PATH), C(UnsetEnvironment=VAR), C(link to PATH)).
+        - Merged per setting as systemd does - cpulists are merged until an empty assignment
+          resets them and normalised as C(0-3,8); Exec lines are a list joined by C( ; );
+          dependencies accumulate and are in effect when every planned unit is listed; the rest
+          is last-wins (empty resets, null when unset), sizes in bytes (C(4G) = C(4294967296)),
+          booleans as C(yes)/C(no). C([Install]) is not compared (only C(systemctl enable)
+          reads it).
       returned: always
       type: dict
       sample:
@@ -430,9 +456,15 @@ foreign_overrides:
       C(/run/systemd/system), a C(systemctl set-property) file, a vendor drop-in), or reported
       differently by C(systemctl show) (C(source) V(systemctl show), C(dropins) the drop-ins
       systemd reported that numafleet did not write); V(LoadState) when the unit is masked.
+      C(source) is the file that sets the value (for an C(EnvironmentFile=) or
+      C(UnsetEnvironment=), the drop-in that names it), C(detail) how it sets it (the
+      environment file, the link's target).
+    - Property V((unreadable)) (C(planned) and C(effective) null) - a file systemd reads for the
+      unit that numafleet cannot read (C(source) the file, C(detail) why), so the planned
+      settings may not be in effect.
     - numafleet never removes them (it removes only what it wrote). In check mode the drift check
       counts them as drift of the C(pinned_services) layer; M(numafleet.tuning.host_apply) warns
-      about each when it applies.
+      about each, in check mode too.
   returned: always
   type: list
   elements: dict
@@ -442,6 +474,12 @@ foreign_overrides:
       planned: bind
       effective: default
       source: /etc/systemd/system/numafleet-embed.service.d/override.conf
+    - unit: numafleet-rerank-a.service
+      property: Environment.CUDA_VISIBLE_DEVICES
+      planned: MIG-5f1c0e9a-1b2c-5d3e-8f4a-0b1c2d3e4f5a
+      effective: "0"
+      source: /etc/systemd/system/numafleet-rerank-a.service.d/env.conf
+      detail: EnvironmentFile=/etc/default/rerank
 """
 
 from ansible.module_utils.basic import AnsibleModule

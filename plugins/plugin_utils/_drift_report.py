@@ -15,6 +15,7 @@ import shutil
 import xml.etree.ElementTree as ET
 from datetime import datetime, timezone
 
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa.effective import escape_text
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.verify import (
     EFFECTIVE_DIFFER,
     _xml_text,
@@ -145,14 +146,20 @@ def foreign_changes(foreign) -> list:
     out = []
     for item in foreign or ():
         if isinstance(item, dict) and item.get("property"):
-            # The units layer's shape: {unit, property, planned, effective, source}.
+            # The units layer's shape: {unit, property, planned, effective, source, detail?};
+            # property "(unreadable)" for a file systemd reads that could not be read.
             planned, effective = item.get("planned"), item.get("effective")
             path = item.get("source") or ""
-            names = [
-                f"{item.get('unit')} {item.get('property')}: planned "
-                f"{'(unset)' if planned is None else planned}, effective "
-                f"{'(unset)' if effective is None else effective}"
-            ]
+            detail = f" ({item['detail']})" if item.get("detail") else ""
+            if item.get("property") == "(unreadable)":
+                names = [f"{item.get('unit')}: cannot be read{detail}"]
+            else:
+                names = [
+                    f"{item.get('unit')} {item.get('property')}: planned "
+                    f"{'(unset)' if planned is None else planned}, effective "
+                    f"{'(unset)' if effective is None else effective}{detail}"
+                ]
+            names = [escape_text(name) for name in names]
         elif isinstance(item, dict):
             path = item.get("path") or item.get("file") or item.get("source") or ""
             names = item.get("settings") or item.get("properties") or item.get("setting") or ()

@@ -26,16 +26,30 @@ writes ``<unit>.d/50-<Property>.conf`` there), /run/systemd/transient,
   then applied after the fragment in lexicographic order of their file names, wherever they
   lie ("Drop-in files ... are applied in lexicographic order, regardless of which of the
   directories they reside in").
+- Compared: every setting numafleet's own files assign for the unit in ``[Unit]`` and in the
+  type section (``[Service]``, ``[Slice]``); ``[Install]`` is read only by ``systemctl enable``
+  and is not compared.
 - Merging (systemd.syntax(7), systemd.exec(5), systemd.resource-control(5)): single-value
-  settings (NUMAPolicy=, Slice=) - the last assignment wins, an empty one resets to the default;
-  CPUAffinity=, NUMAMask=, AllowedCPUs=, AllowedMemoryNodes= - assignments are merged (union),
-  an empty assignment resets; Environment= - words accumulate, a later assignment of a
-  variable overrides an earlier one, an empty assignment resets the list. EnvironmentFile= is
-  not read.
+  settings (NUMAPolicy=, Slice=, MemoryMax=, User=...) - the last assignment wins, an empty one
+  resets to the default; CPUAffinity=, NUMAMask=, AllowedCPUs=, AllowedMemoryNodes= -
+  assignments are merged (union), an empty assignment resets; ExecStart= and the other Exec
+  lines - a list, an empty assignment resets; dependencies (After=, Requires=...) accumulate and
+  are in effect when every planned unit is listed; Environment= - words accumulate, a later
+  assignment of a variable overrides an earlier one, an empty assignment resets the list.
+  EnvironmentFile= (a list, empty resets; ``-`` before the path: a missing file is ignored) is
+  read below the root (``parse_env_file``): its variables override Environment=, files in
+  order. UnsetEnvironment= (a list, empty resets) then removes a variable (``VAR``) or one exact
+  assignment (``VAR=VALUE``). Booleans (true/on as yes, false/off as no) and sizes (``4G`` in
+  bytes, base 1024) are compared normalised.
 
-Nothing is read through a link (files.open_dir walks each directory without following links; a
-link in a unit directory is reported, except the /dev/null links that mask). A file that cannot
-be read is reported in ``unread``, never raised.
+Files are read without following a link out of the root (``resolve_in_root``): a drop-in,
+drop-in directory or environment file that is a link is followed below the root - an absolute
+target is taken below the root - and is named with its target; a link to /dev/null masks. A
+target outside the root, a loop, a FIFO or a file that cannot be read is reported in ``unread``
+and, because systemd may apply settings from it that cannot be compared, as a foreign override
+``(unreadable)`` of the unit; a dangling drop-in link (systemd ignores it) is reported in
+``unread`` only. Nothing is raised. Values and paths in the results have control characters and
+bytes that are not UTF-8 escaped (``\\x00``, ``\\xff``).
 
 On a live host, ``show_argv`` / ``parse_show`` give the same properties as the running service
 manager has loaded them (``systemctl show``): CPUAffinity/NUMAMask/AllowedCPUs/
@@ -47,7 +61,9 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
 import stat
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -81,10 +97,42 @@ SERVICE_PROPERTIES = (
 )
 SLICE_PROPERTIES = ("AllowedCPUs", "AllowedMemoryNodes")
 SETS = ("CPUAffinity", "NUMAMask", "AllowedCPUs", "AllowedMemoryNodes")
+# List settings: every assignment adds an entry, an empty one resets (systemd.service(5)).
+EXEC_LISTS = (
+    "ExecCondition",
+    "ExecStartPre",
+    "ExecStart",
+    "ExecStartPost",
+    "ExecReload",
+    "ExecStop",
+    "ExecStopPost",
+)
+# Dependencies accumulate (systemd.unit(5)); in effect when every planned unit is listed.
+DEPENDENCIES = (
+    "After",
+    "Before",
+    "Requires",
+    "Requisite",
+    "Wants",
+    "BindsTo",
+    "PartOf",
+    "Upholds",
+    "Conflicts",
+    "OnFailure",
+    "OnSuccess",
+)
+# Read into the environment (systemd.exec(5)); lists, an empty assignment resets.
+ENV_LISTS = ("EnvironmentFile", "UnsetEnvironment")
+# The property of a foreign_overrides entry for a file systemd reads but numafleet could not.
+UNREADABLE = "(unreadable)"
+_TRUE = ("yes", "true", "on", "1", "y", "t")
+_FALSE = ("no", "false", "off", "0", "n", "f")
+_SIZE = re.compile(r"^([0-9]+)(?:\.([0-9]+))?\s*([KMGTPE]?)$", re.IGNORECASE)
+_SIZE_UNITS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5, "e": 6}
 # Which verify binding check a differing property fails.
 CPU_PROPERTIES = ("CPUAffinity", "AllowedCPUs")
 MEM_PROPERTIES = ("NUMAPolicy", "NUMAMask", "AllowedMemoryNodes")
-_SECTIONS = {".service": ("Service",), ".slice": ("Slice",)}
+_SECTIONS = {".service": ("Unit", "Service"), ".slice": ("Unit", "Slice")}
 SHOW_PROPERTIES = (
     "Id",
     "LoadState",
@@ -101,6 +149,30 @@ SHOW_PROPERTIES = (
 SHOW_SOURCE = "systemctl show"
 _DEV_NULL = "/dev/null"
 _READ_LIMIT = 1 << 20
+_MAX_LINKS = 40  # systemd's and the kernel's limit of links followed in one path (ELOOP)
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SHOWN_ESCAPED = ("Cc", "Zl", "Zp")
+
+
+def escape_text(text: str) -> str:
+    """``text`` with control characters and line separators escaped (``\\x00``, ``\\n``), and
+    bytes that were not UTF-8 (``decode``) as ``\\xff``."""
+    if text.isprintable():
+        return text
+    out = []
+    for char in text:
+        if 0xDC80 <= ord(char) <= 0xDCFF:
+            out.append(f"\\x{ord(char) - 0xDC00:02x}")
+        elif unicodedata.category(char) in _SHOWN_ESCAPED:
+            out.append(repr(char)[1:-1])
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+def decode(data: bytes) -> str:
+    """Text of a file; bytes that are not UTF-8 kept as surrogates (``escape_text`` shows them)."""
+    return data.decode("utf-8", errors="surrogateescape")
 
 
 class _Unreadable(NumaTuneError):
@@ -204,58 +276,215 @@ def normalise(prop: str, value: Optional[str]) -> Optional[str]:
             return value
     if prop == "NUMAPolicy":
         return None if value in ("", "n/a") else value.lower()
+    if prop.startswith(("Memory", "Limit")):
+        return _size(value)
+    lowered = value.lower()
+    if lowered in _TRUE[:3]:
+        return "yes"
+    if lowered in _FALSE[:3]:
+        return "no"
     return value
 
 
-@dataclass
-class _Setting:
-    value: Optional[str] = None
-    source: Optional[str] = None
+def _size(value: str) -> str:
+    """A size in bytes ("4G" -> "4294967296", base 1024), "infinity"; ``A:A`` rlimits as ``A``."""
+    soft, sep, hard = value.partition(":")
+    if sep and soft == hard:
+        value = soft
+    if value.lower() == "infinity":
+        return "infinity"
+    match = _SIZE.match(value)
+    if not match:
+        return value
+    whole, frac, unit = match.groups()
+    scale = 1024 ** _SIZE_UNITS[unit.lower()]
+    number = int(whole) * scale
+    if frac:
+        number += int(frac) * scale // 10 ** len(frac)
+    return str(number)
 
 
-def merge(documents: list, suffix: str) -> dict:
+def parse_env_file(text: str) -> list:
+    r"""[(name, value)] of an environment file in file order (systemd's parse_env_file).
+
+    ``KEY=VALUE`` lines; blank lines and lines starting with ``#`` or ``;`` are skipped; the
+    key and the unquoted value are stripped of whitespace; single quotes keep everything
+    literally, double quotes take ``\"``, ``\\``, ``\` `` and ``\$`` as escapes; an unquoted
+    backslash keeps the next character; a backslash before a newline (quoted or not) joins the
+    next line. Lines without ``=`` and keys that are not variable names are ignored, as systemd
+    ignores them.
+    """
+    out, index, size = [], 0, len(text)
+    while index < size:
+        while index < size and text[index] in " \t\r\n":
+            index += 1
+        if index >= size:
+            break
+        if text[index] in "#;":
+            while index < size and text[index] != "\n":
+                index += 1
+            continue
+        start = index
+        while index < size and text[index] not in "=\n":
+            index += 1
+        if index >= size or text[index] == "\n":
+            continue
+        key = text[start:index].strip()
+        index += 1
+        while index < size and text[index] in " \t":
+            index += 1
+        value, trailing, quote = [], 0, None
+        while index < size:
+            char = text[index]
+            if quote is None:
+                if char == "\n":
+                    index += 1
+                    break
+                if char == "\\":
+                    if index + 1 < size and text[index + 1] != "\n":
+                        value.append(text[index + 1])
+                        trailing = 0
+                    index += 2
+                    continue
+                if char in "'\"":
+                    quote, trailing = char, 0
+                else:
+                    value.append(char)
+                    trailing = trailing + 1 if char in " \t\r" else 0
+            elif quote == "'":
+                if char == "'":
+                    quote = None
+                else:
+                    value.append(char)
+            elif char == '"':
+                quote = None
+            elif char == "\\" and index + 1 < size:
+                nxt = text[index + 1]
+                if nxt in '"\\`$':
+                    value.append(nxt)
+                elif nxt != "\n":
+                    value += [char, nxt]
+                index += 2
+                continue
+            else:
+                value.append(char)
+            index += 1
+        if trailing:
+            value = value[:-trailing]
+        if _ENV_NAME.match(key):
+            out.append((key, "".join(value)))
+    return out
+
+
+def _unique(words: list) -> list:
+    return list(dict.fromkeys(words))
+
+
+def merge(
+    documents: list,
+    suffix: str,
+    read_env: Optional[Callable] = None,
+    details: Optional[dict] = None,
+    unread: Optional[list] = None,
+) -> dict:
     """{property: (value or None, source path or None)} of ``documents`` [(path, text)] in order.
 
-    Properties: SERVICE_PROPERTIES or SLICE_PROPERTIES by ``suffix``, and ``Environment.NAME``
-    per variable. Sets are merged (union) until an empty assignment resets them; the source of a
-    set is the last file that assigned it. Values are normalised (``normalise``).
+    Properties: every key of ``[Unit]`` and of the type section (``[Service]``, ``[Slice]``),
+    and ``Environment.NAME`` per variable, each merged by its rule (module docstring): sets and
+    dependencies merged, Exec lines a list (joined by `` ; ``), the rest last-wins; the source is
+    the last file that assigned it. Values are normalised (``normalise``) and escaped
+    (``escape_text``). ``read_env(path) -> (pairs or None when absent, path read)`` reads an
+    EnvironmentFile= (raising NumaTuneError when it cannot); without it EnvironmentFile= is not
+    read. ``details`` (filled) gets {property: how the file sets it} for values from an
+    environment file or removed by UnsetEnvironment=; ``unread`` (filled) gets
+    {path, reason, via} for environment files that could not be read.
     """
-    props = SERVICE_PROPERTIES if suffix == ".service" else SLICE_PROPERTIES
     sections = _SECTIONS.get(suffix, ())
-    state = {prop: _Setting() for prop in props}
-    sets: dict = {prop: [] for prop in props if prop in SETS}
+    single: dict = {}
+    lists: dict = {}
     env: dict = {}
+    env_lists: dict = {key: [] for key in ENV_LISTS}
+    service = suffix == ".service"
     for path, text in documents:
         for section, key, value in parse_assignments(text):
             if section not in sections:
                 continue
-            if key == "Environment" and suffix == ".service":
+            if service and section == "Service" and key == "Environment":
                 if not value:
                     env = {}
                     continue
                 for word in split_words(value):
                     name, sep, val = word.partition("=")
                     if sep:
-                        env[name] = (val, path)
+                        env[name] = (val, path, "")
                 continue
-            if key not in state:
-                continue
-            if key in sets:
+            if service and section == "Service" and key in ENV_LISTS:
                 if not value:
-                    sets[key] = []
-                    state[key] = _Setting(None, path)
+                    env_lists[key] = []
                 else:
-                    sets[key].append(value.replace("%%", "%"))
-                    state[key] = _Setting(" ".join(sets[key]), path)
-            else:
-                plain = split_words(value)
-                state[key] = _Setting(" ".join(plain) if plain else None, path)
-    out = {
-        prop: (normalise(prop, setting.value), setting.source) for prop, setting in state.items()
-    }
-    for name, (value, path) in env.items():
+                    env_lists[key] += [(word, path) for word in split_words(value)]
+                continue
+            if key in SETS or key in EXEC_LISTS or key in DEPENDENCIES:
+                items, dummy = lists.get(key, ([], None))
+                if not value and key not in DEPENDENCIES:
+                    lists[key] = ([], path)
+                elif key in DEPENDENCIES:
+                    lists[key] = (items + split_words(value), path)
+                else:
+                    lists[key] = (items + [value.replace("%%", "%")], path)
+                continue
+            plain = split_words(value)
+            single[key] = (" ".join(plain) if plain else None, path)
+    out = {}
+    for key, (value, path) in single.items():
+        out[key] = (normalise(key, value), path)
+    for key, (items, path) in lists.items():
+        if key in SETS:
+            value = normalise(key, " ".join(items)) if items else None
+        elif key in DEPENDENCIES:
+            value = " ".join(_unique(items)) if items else None
+        else:
+            value = " ; ".join(items) if items else None
+        out[key] = (value, path)
+    for word, path in env_lists["EnvironmentFile"]:
+        optional = word.startswith("-")
+        name = word[1:] if optional else word
+        if read_env is None:
+            break
+        how = f"EnvironmentFile={word}"
+        try:
+            pairs, read = read_env(name)
+        except NumaTuneError as exc:
+            if unread is not None:
+                unread.append({"path": name, "reason": str(exc), "via": path})
+            continue
+        if pairs is None:
+            if not optional and unread is not None:
+                unread.append(
+                    {
+                        "path": name,
+                        "reason": f"{name}: does not exist, and {how} (without -) makes "
+                        "systemd refuse to start the unit",
+                        "via": path,
+                    }
+                )
+            continue
+        if read != name:
+            how += f" (link to {read})"
+        for var, val in pairs:
+            env[var] = (val, path, how)
+    for word, path in env_lists["UnsetEnvironment"]:
+        name, sep, val = word.partition("=")
+        if name in env and (not sep or env[name][0] == val):
+            env[name] = (None, path, f"UnsetEnvironment={word}")
+    for name, (value, path, how) in env.items():
         out[f"Environment.{name}"] = (value, path)
-    return out
+        if how and details is not None:
+            details[f"Environment.{name}"] = escape_text(how)
+    return {
+        prop: (None if value is None else escape_text(value), path)
+        for prop, (value, path) in out.items()
+    }
 
 
 # --- finding the files -------------------------------------------------------------------------
@@ -292,14 +521,19 @@ class Entry:
 def _listdir(root: str, path: str, unread: list, quiet_links: bool = False) -> Optional[dict]:
     """{name: Entry} of the directory ``path`` below ``root``; None when absent or unreadable.
 
-    A directory reached through a link is not listed; it is reported in ``unread`` unless
-    ``quiet_links`` (a directory of the load path itself, e.g. a merged-/usr link).
+    A drop-in directory reached through a link is listed at its target below the root (as
+    systemd follows it): its entries are links (``Entry.target``) that ``_read`` follows; a
+    target out of the root or a loop is reported in ``unread``. A directory of the load path
+    itself reached through a link (``quiet_links``, e.g. a merged-/usr link) is not listed.
     """
     try:
         fd = files.open_dir(root, path, _fail)
     except NumaTuneError as exc:
-        if not (quiet_links and "symbolic link" in str(exc)):
-            unread.append({"path": path, "reason": str(exc)})
+        if quiet_links and "symbolic link" in str(exc):
+            return None
+        if "symbolic link" in str(exc):
+            return _listdir_linked(root, path, unread)
+        unread.append({"path": path, "reason": str(exc)})
         return None
     if fd is None:
         return None
@@ -327,21 +561,115 @@ def _listdir(root: str, path: str, unread: list, quiet_links: bool = False) -> O
     return found
 
 
-def _read(root: str, entry: Entry, overlay: dict, unread: list) -> Optional[str]:
-    """The text of ``entry`` (``overlay`` first); None for a mask or what cannot be read."""
+def resolve_in_root(root: str, path: str) -> Optional[str]:
+    """``path`` below ``root`` with every link in it followed below the root; None when absent.
+
+    A link's absolute target is taken below ``root`` (as systemd sees it in that tree); ``..``
+    may not leave ``root`` (except when ``root`` is ``/``, where ``/..`` is ``/``). Raises
+    NumaTuneError for a target outside the root, a loop (more than 40 links) or a component
+    that cannot be examined.
+    """
+    top = os.path.realpath(root) == "/"
+    root = os.path.normpath(root)
+    pending = [part for part in path.split("/") if part and part != "."]
+    done: list = []
+    links = 0
+    while pending:
+        name = pending.pop(0)
+        if name == "..":
+            if done:
+                done.pop()
+            elif not top:
+                raise _fail(path, f"leads out of the root {root}, which numafleet does not follow")
+            continue
+        real = os.path.join(root, *done, name)
+        try:
+            info = os.lstat(real)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise _fail(path, exc.strerror or "cannot be examined") from None
+        if stat.S_ISLNK(info.st_mode):
+            links += 1
+            if links > _MAX_LINKS:
+                raise _fail(path, "too many levels of symbolic links (a loop)")
+            target = os.readlink(real)
+            if target.startswith("/"):
+                done = []
+            pending = [part for part in target.split("/") if part and part != "."] + pending
+            continue
+        done.append(name)
+    return "/" + "/".join(done)
+
+
+def read_in_root(root: str, path: str) -> tuple:
+    """(text or None when absent, the path read) of ``path`` below ``root``, links followed
+    below the root (``resolve_in_root``). Raises NumaTuneError when it cannot be read."""
+    resolved = resolve_in_root(root, path)
+    if resolved is None:
+        return None, path
+    data = files.read_file(root, resolved, _fail, limit=_READ_LIMIT)
+    return (None if data is None else decode(data)), resolved
+
+
+def _listdir_linked(root: str, path: str, unread: list) -> Optional[dict]:
+    """``_listdir`` of a directory reached through a link: {name: Entry(kind link)}."""
+    try:
+        resolved = resolve_in_root(root, path)
+        if resolved is None:
+            return None
+        listed = _listdir(root, resolved, unread)
+    except NumaTuneError as exc:
+        reason = str(exc)
+        if reason.startswith(f"{path}: "):
+            reason = reason[len(path) + 2 :]
+        unread.append({"path": path, "reason": f"is reached through a symbolic link: {reason}"})
+        return None
+    if listed is None:
+        return None
+    return {
+        name: Entry(
+            posixpath.join(path, name),
+            "link" if entry.kind in ("file", "link") else entry.kind,
+            entry.target if entry.kind == "link" else entry.path,
+            entry.reason,
+        )
+        for name, entry in listed.items()
+    }
+
+
+def _read(root: str, entry: Entry, overlay: dict, unread: list, links: dict) -> Optional[str]:
+    """The text of ``entry`` (``overlay`` first); None for a mask or what cannot be read.
+
+    A link is followed below the root (``links`` gets {link: target read}); a dangling one is
+    reported as ignored (systemd ignores it)."""
     if entry.path in overlay:
         return overlay[entry.path]
     if entry.kind == "link":
         if entry.target == _DEV_NULL:
             return None
-        unread.append(
-            {
-                "path": entry.path,
-                "reason": f"is a symbolic link (to {entry.target}), which numafleet does not "
-                "follow; its settings are not counted",
-            }
-        )
-        return None
+        try:
+            text, read = read_in_root(root, entry.path)
+        except NumaTuneError as exc:
+            reason = str(exc)
+            if reason.startswith(f"{entry.path}: "):
+                reason = reason[len(entry.path) + 2 :]
+            unread.append(
+                {"path": entry.path, "reason": f"is a symbolic link to {entry.target}: {reason}"}
+            )
+            return None
+        if text is None:
+            unread.append(
+                {
+                    "path": entry.path,
+                    "reason": f"is a symbolic link to {entry.target}, which does not exist: "
+                    "systemd ignores it",
+                    "ignored": True,
+                }
+            )
+            return None
+        links[entry.path] = read
+        return text
     if entry.kind != "file":
         unread.append({"path": entry.path, "reason": entry.reason or f"is a {entry.kind}"})
         return None
@@ -350,7 +678,7 @@ def _read(root: str, entry: Entry, overlay: dict, unread: list) -> Optional[str]
     except NumaTuneError as exc:
         unread.append({"path": entry.path, "reason": str(exc)})
         return None
-    return None if data is None else data.decode("utf-8", errors="replace")
+    return None if data is None else decode(data)
 
 
 @dataclass
@@ -364,6 +692,7 @@ class UnitFiles:
     documents: list = field(default_factory=list)
     masked_dropins: list = field(default_factory=list)
     unread: list = field(default_factory=list)
+    links: dict = field(default_factory=dict)
 
 
 def find_unit_files(
@@ -411,7 +740,7 @@ def find_unit_files(
             entry = listing(directory).get(name)
             if entry is None or entry.kind == "dir":
                 continue
-            text = _read(root, entry, overlay, found.unread)
+            text = _read(root, entry, overlay, found.unread, found.links)
             if (
                 entry.kind == "link"
                 and entry.target == _DEV_NULL
@@ -441,7 +770,7 @@ def find_unit_files(
                 chosen[name] = entry
     for name in sorted(chosen):
         entry = chosen[name]
-        text = _read(root, entry, overlay, found.unread)
+        text = _read(root, entry, overlay, found.unread, found.links)
         if text is None:
             continue
         found.dropins.append(entry.path)
@@ -453,7 +782,8 @@ def find_unit_files(
 
 
 def planned_properties(unit: str, own_texts: list) -> dict:
-    """{property: value} numafleet sets for ``unit``: what its own files assign, merged."""
+    """{property: value} numafleet sets for ``unit``: every key its own files assign in
+    ``[Unit]`` and the type section (``Environment.NAME`` per variable), merged."""
     suffix = "." + unit.rpartition(".")[2]
     merged = merge(own_texts, suffix)
     assigned = set()
@@ -464,21 +794,80 @@ def planned_properties(unit: str, own_texts: list) -> dict:
                     assigned.update(
                         f"Environment.{w.partition('=')[0]}" for w in split_words(value) if "=" in w
                     )
-                else:
+                elif key not in ENV_LISTS:
                     assigned.add(key)
     return {prop: merged[prop][0] for prop in merged if prop in assigned}
 
 
+def in_effect(prop: str, planned: Optional[str], effective_value: Optional[str]) -> bool:
+    """Whether the effective value is the planned one; a dependency when it lists every planned
+    unit (more are harmless)."""
+    if prop in DEPENDENCIES:
+        return set((planned or "").split()) <= set((effective_value or "").split())
+    return planned == effective_value
+
+
 def shown(value: Optional[str]) -> str:
-    """A value for messages: ``(unset)`` for None, ``(empty)`` for ""."""
+    """A value for messages: ``(unset)`` for None, ``(empty)`` for "", controls escaped."""
     if value is None:
         return "(unset)"
-    return value if value != "" else "(empty)"
+    return escape_text(value) if value != "" else "(empty)"
+
+
+_REVERTED = re.compile(r"^/(etc|run)/systemd/system(\.control)?/(?P<dir>[^/]+)\.d/[^/]+$")
+
+
+def fix_text(unit: str, source: str, detail: str = "") -> str:
+    """What removes the foreign setting, for the file that sets it (``source``).
+
+    ``systemctl revert UNIT`` removes only ``UNIT.d/`` drop-ins in /etc and /run (with
+    ``system.control``); a prefix (``numafleet-.service.d/``), type (``service.d/``), template or
+    /usr/lib drop-in stays: remove it, or mask it for this unit with a /dev/null link of the same
+    name in ``UNIT.d/`` (of /etc/systemd/system, or of the same directory where that one ranks
+    higher), which the more specific or higher-priority directory makes win."""
+    if source == SHOW_SOURCE:
+        return (
+            f"find what sets it with systemctl cat {unit} and systemctl show {unit} (a "
+            "daemon-reload may be owed)"
+        )
+    if source == "(no file)":
+        return "run site.yml to write the plan's units"
+    path = escape_text(source)
+    if detail.startswith(("is a symbolic link", "link to ")):
+        what = "remove the link"
+    else:
+        what = "remove that file"
+    if detail.startswith(("EnvironmentFile=", "UnsetEnvironment=")):
+        what = f"remove the {detail.split('=', 1)[0]}= line from {path}, or that file"
+    match = _REVERTED.match(source)
+    if match and match.group("dir") == unit:
+        return (
+            f"{what} (or run systemctl revert {unit}, which removes the unit's drop-ins in /etc "
+            "and /run, numafleet's own too: run site.yml again after it)"
+        )
+    parent = posixpath.dirname(source)
+    if parent.endswith(".d"):
+        scope = posixpath.basename(parent)[:-2]
+        top = posixpath.dirname(parent)
+        if top not in SYSTEM_UNIT_PATH[:4]:
+            top = "/etc/systemd/system"  # above /run and /usr/lib in the load path
+        mask = posixpath.join(top, f"{unit}.d", posixpath.basename(source))
+        return (
+            f"{what}; systemctl revert does not remove it (it is a drop-in of {scope}, read for "
+            f"{unit}); to keep it for other units, mask it for this one with a link to /dev/null "
+            f"of the same name in the unit's own drop-in directory: ln -s /dev/null "
+            f"{escape_text(mask)}"
+        )
+    return what
 
 
 @dataclass(frozen=True)
 class Override:
-    """A planned property whose effective value differs, set by a file numafleet did not write."""
+    """A planned property whose effective value differs, set by a file numafleet did not write.
+
+    ``property`` UNREADABLE: a file systemd reads for the unit that numafleet could not read
+    (``detail`` says why); ``detail`` otherwise says how the file sets the value (an
+    environment file, UnsetEnvironment=, the target of a link)."""
 
     unit: str
     property: str
@@ -486,9 +875,10 @@ class Override:
     effective: Optional[str]
     source: str
     dropins: tuple = ()
+    detail: str = ""
 
     def as_dict(self) -> dict:
-        """{unit, property, planned, effective, source} (+ dropins for systemctl show)."""
+        """{unit, property, planned, effective, source} (+ dropins for systemctl show, + detail)."""
         out = {
             "unit": self.unit,
             "property": self.property,
@@ -498,20 +888,30 @@ class Override:
         }
         if self.dropins:
             out["dropins"] = list(self.dropins)
+        if self.detail:
+            out["detail"] = self.detail
         return out
 
     def message(self, host: str = "") -> str:
         """The warning: unit, property, planned and effective value, the file, and the fix."""
         who = f"host {host}: " if host else ""
-        where = self.source
+        where = escape_text(self.source)
+        fix = fix_text(self.unit, self.source, self.detail)
+        tail = "then systemctl daemon-reload and restart the unit"
+        if self.property == UNREADABLE:
+            return (
+                f"{who}{self.unit}: systemd reads {where}, which numafleet cannot read "
+                f"({escape_text(self.detail)}), so the planned settings may not be in effect: "
+                f"make it readable or {fix}, {tail}"
+            )
+        if self.detail:
+            where += f" ({escape_text(self.detail)})"
         if self.dropins:
-            where += f" (drop-ins: {', '.join(self.dropins)})"
+            where += f" (drop-ins: {', '.join(escape_text(d) for d in self.dropins)})"
         return (
             f"{who}{self.unit}: {self.property} is {shown(self.effective)}, planned "
             f"{shown(self.planned)}, set by {where}, which numafleet did not write and does not "
-            f"remove: remove that file (or run systemctl revert {self.unit}, which removes every "
-            f"drop-in of the unit: run site.yml again after it), then systemctl daemon-reload "
-            f"and restart the unit"
+            f"remove: {fix}, {tail}"
         )
 
 
@@ -527,36 +927,70 @@ def evaluate_unit(
 
     ``own`` {host path: text} are numafleet's files for the unit as planned; ``overlay`` maps
     every planned or removed path to its planned text (None = removed), so that check mode
-    judges the state after the apply. The entry: {unit, fragment, dropins, masked, unread,
-    properties: {property: {planned, effective, source, ok}}}.
+    judges the state after the apply. The entry: {unit, fragment, dropins, masked,
+    masked_dropins, unread: [{path, reason, via?, ignored?}], links: {link: target read},
+    properties: {property: {planned, effective, source, ok, detail?}}}. Every unread file not
+    ``ignored`` is also an Override UNREADABLE.
     """
     merged_overlay = dict(overlay or {})
     merged_overlay.update(own)
     found = find_unit_files(root, unit, merged_overlay, unit_path, disk)
     suffix = "." + unit.rpartition(".")[2]
     planned = planned_properties(unit, sorted(own.items()))
-    effective = merge(found.documents, suffix)
+    details: dict = {}
+    env_unread: list = []
+
+    def read_env(path: str) -> tuple:
+        if not path.startswith("/"):
+            raise _fail(path, "is not an absolute path; systemd ignores it")
+        if any(char in path for char in "*?["):
+            raise _fail(path, "is a wildcard, which numafleet does not expand")
+        text, read = read_in_root(root, path)
+        return (None if text is None else parse_env_file(text)), read
+
+    effective = merge(found.documents, suffix, read_env, details, env_unread)
+    found.unread.extend(env_unread)
     properties, overrides = {}, []
     for prop in sorted(planned):
         value, source = effective.get(prop, (None, None))
-        ok = value == planned[prop]
+        ok = in_effect(prop, planned[prop], value)
+        detail = details.get(prop, "")
+        if not detail and source in found.links:
+            detail = f"link to {found.links[source]}"
+        source = source and escape_text(source)
         properties[prop] = {
             "planned": planned[prop],
             "effective": value,
             "source": source,
             "ok": ok,
         }
+        if detail:
+            properties[prop]["detail"] = detail
         if not ok:
-            overrides.append(Override(unit, prop, planned[prop], value, source or "(no file)"))
+            overrides.append(
+                Override(unit, prop, planned[prop], value, source or "(no file)", (), detail)
+            )
     if found.masked:
         overrides.insert(0, Override(unit, "LoadState", "loaded", "masked", found.masked))
+    for item in found.unread:
+        if not item.get("ignored"):
+            reason = escape_text(str(item.get("reason")))
+            if item.get("via"):
+                reason = f"{reason} (EnvironmentFile= of {escape_text(item['via'])})"
+            overrides.append(
+                Override(unit, UNREADABLE, None, None, escape_text(item["path"]), (), reason)
+            )
     entry = {
         "unit": unit,
-        "fragment": found.fragment,
-        "dropins": list(found.dropins),
-        "masked": found.masked,
-        "masked_dropins": sorted(found.masked_dropins),
-        "unread": list(found.unread),
+        "fragment": found.fragment and escape_text(found.fragment),
+        "dropins": [escape_text(path) for path in found.dropins],
+        "masked": found.masked and escape_text(found.masked),
+        "masked_dropins": sorted(escape_text(path) for path in found.masked_dropins),
+        "unread": [
+            {key: escape_text(val) if isinstance(val, str) else val for key, val in item.items()}
+            for item in found.unread
+        ],
+        "links": {escape_text(k): escape_text(v) for k, v in found.links.items()},
         "properties": properties,
     }
     foreign = [item for item in overrides if item.source not in own]
@@ -681,4 +1115,5 @@ def override_message(item: dict, host: str = "") -> str:
         item.get("effective"),
         str(item.get("source")),
         tuple(item.get("dropins") or ()),
+        str(item.get("detail") or ""),
     ).message(host)

@@ -27,11 +27,16 @@ Rules (docs/architecture.md, "Verify: metrics and checks"):
 
 - ``effective_units`` (static, per planned service and tenant slice, also in render mode): what
   systemd will use for the unit - every unit file and drop-in it reads, merged as systemd merges
-  them (effective.py), and on a live host what ``systemctl show`` reports - equals the planned
-  CPUAffinity, NUMAPolicy, NUMAMask, AllowedCPUs, AllowedMemoryNodes, Slice and Environment
-  variables. It fails naming each differing property, its planned and effective value and the
-  file that sets it (a foreign drop-in, a ``systemctl set-property`` file); it warns when a file
-  could not be read. From the units layer's ``effective`` list (``effective_unit_checks``).
+  them (effective.py), and on a live host what ``systemctl show`` reports - equals every setting
+  numafleet's files assign in ``[Unit]`` and the type section (CPUAffinity, NUMAPolicy,
+  NUMAMask, AllowedCPUs, AllowedMemoryNodes, Slice, MemoryMax, ExecStart, ...) and each planned
+  Environment variable (also as changed by EnvironmentFile= and UnsetEnvironment=). It fails
+  naming each differing property, its planned and effective value, the file that sets it (a
+  foreign drop-in, a ``systemctl set-property`` file, a link with its target, the drop-in and
+  its environment file) and the fix for that file; it fails when a file systemd reads cannot be
+  read (a link out of the root, a loop, a FIFO, a missing EnvironmentFile=), and warns only for
+  a dangling drop-in link, which systemd ignores. From the units layer's ``effective`` list
+  (``effective_unit_checks``).
   Outside render mode, a service whose effective CPU properties (CPUAffinity, AllowedCPUs)
   differ fails ``cpus_binding``, and one whose memory properties (NUMAPolicy, NUMAMask,
   AllowedMemoryNodes) differ fails ``mems_binding``, naming the file, whatever its processes
@@ -73,7 +78,7 @@ from datetime import datetime, timezone
 from typing import Any, Optional
 
 from .cpulist import format_cpulist
-from .effective import CPU_PROPERTIES, MEM_PROPERTIES, shown
+from .effective import CPU_PROPERTIES, MEM_PROPERTIES, UNREADABLE, escape_text, fix_text, shown
 from .errors import NumaTuneError, VerifyError
 from .units import DEFAULT_MANIFEST_PATH, render_files, unit_of
 
@@ -390,19 +395,35 @@ def rendered_unit_checks(
 
 def _effective_problems(entry: dict) -> dict:
     """{property: text} of the properties of an ``effective`` entry that differ from the plan:
-    the planned and effective value and the file (or ``systemctl show``) that sets it."""
+    the planned and effective value and the file (or ``systemctl show``) that sets it, with the
+    fix for that file; UNREADABLE for files systemd reads that could not be read."""
     problems = {}
-    unit = entry.get("unit")
+    unit = str(entry.get("unit"))
     if entry.get("masked"):
         problems["LoadState"] = f"{unit} is masked by {entry['masked']}"
+    unread = [
+        item
+        for item in entry.get("unread") or ()
+        if isinstance(item, dict) and not item.get("ignored")
+    ]
+    if unread:
+        problems[UNREADABLE] = "; ".join(
+            f"{escape_text(str(item.get('path')))} cannot be read ({escape_text(str(item.get('reason')))}"
+            + (f", EnvironmentFile= of {item['via']}" if item.get("via") else "")
+            + f"): make it readable or {fix_text(unit, str(item.get('path')), '')}"
+            for item in unread
+        )
     live = entry.get("live") or {}
     for prop, item in sorted((entry.get("properties") or {}).items()):
         if not isinstance(item, dict):
             continue
         if not item.get("ok"):
+            source = item.get("source") or "(no file)"
+            detail = item.get("detail") or ""
+            where = f"{escape_text(source)} ({detail})" if detail else escape_text(source)
             problems[prop] = (
                 f"{prop} is {shown(item.get('effective'))} (planned {shown(item.get('planned'))}), "
-                f"set by {item.get('source') or 'no file'}"
+                f"set by {where}: {fix_text(unit, source, detail)}"
             )
         elif prop in live and live[prop] != item.get("planned"):
             problems[prop] = (
@@ -426,9 +447,8 @@ def _subjects(plan: dict) -> dict:
 
 
 _EFFECTIVE_FIX = (
-    "remove the file (or run systemctl revert UNIT, which removes every drop-in of the unit: "
-    "run site.yml again after it), then systemctl daemon-reload and restart the unit: "
-    "numafleet does not remove files it did not write"
+    "then systemctl daemon-reload and restart the unit: numafleet does not remove files it did "
+    "not write"
 )
 
 
@@ -470,10 +490,7 @@ def effective_unit_checks(host: str, plan: dict, entries) -> list[Check]:
                 measured,
                 planned,
                 "setting",
-                f"{unit}: "
-                + "; ".join(problems.values())
-                + "; "
-                + _EFFECTIVE_FIX.replace("UNIT", unit),
+                f"{unit}: " + "; ".join(problems.values()) + "; " + _EFFECTIVE_FIX,
                 ", ".join(sorted(problems)) + " overridden",
             )
         elif entry.get("unread"):
@@ -485,9 +502,9 @@ def effective_unit_checks(host: str, plan: dict, entries) -> list[Check]:
                 measured,
                 planned,
                 "setting",
-                f"{unit}: the planned settings are in effect, but {paths} could not be read "
-                "(links are not followed): check by hand that it does not change them",
-                "unreadable file(s)",
+                f"{unit}: the planned settings are in effect; {paths} is a symbolic link to a "
+                "file that does not exist, which systemd ignores",
+                "dangling link(s)",
             )
         else:
             out.add(
@@ -519,8 +536,7 @@ def _effective_bindings(out: _Checks, placements: list, entries) -> None:
             planned = format_cpulist(placement.get(kind) or ())
             message = (
                 f"{entry['unit']}: " + "; ".join(texts) + "; the service runs (or will run after "
-                "its next restart) outside the plan's binding: "
-                + _EFFECTIVE_FIX.replace("UNIT", entry["unit"])
+                "its next restart) outside the plan's binding: " + _EFFECTIVE_FIX
             )
             for index, old in enumerate(out.out):
                 if old.check == check and old.subject == name:

@@ -173,7 +173,7 @@ FOREIGN = [
 ]
 
 
-def test_a_foreign_override_is_drift_in_check_mode_and_a_warning_when_applying():
+def test_a_foreign_override_is_drift_in_check_mode_and_a_warning_in_both_modes():
     module_result = {
         "changed": False,
         "layers": {"units": {"changed": False, "foreign_overrides": FOREIGN}},
@@ -181,9 +181,32 @@ def test_a_foreign_override_is_drift_in_check_mode_and_a_warning_when_applying()
     host_vars = {"numafleet_render_root": "/srv/render/node-01"}
     result, dummy = run_action({}, host_vars, check_mode=True, module_result=module_result)
     assert result["changed_layers"] == ["pinned_services"]
-    assert not any("override.conf" in w for w in result.get("warnings") or [])
+    # site.yml --check --diff warns too: the review shows the plan will not take effect
+    (checked,) = [w for w in result["warnings"] if "override.conf" in w]
+    assert checked.startswith(f"host {HOST}: numafleet-embed.service: NUMAPolicy is default")
     result, dummy = run_action({}, host_vars, module_result=module_result)
     assert result["changed_layers"] == []
     (warning,) = [w for w in result["warnings"] if "override.conf" in w]
     assert warning.startswith(f"host {HOST}: numafleet-embed.service: NUMAPolicy is default")
     assert "planned bind" in warning and "systemctl revert numafleet-embed.service" in warning
+    assert warning == checked
+
+
+def test_an_unreadable_dropin_warns_with_its_reason():
+    item = {
+        "unit": "numafleet-embed.service",
+        "property": "(unreadable)",
+        "planned": None,
+        "effective": None,
+        "source": "/etc/systemd/system/numafleet-embed.service.d/link.conf",
+        "detail": "is a symbolic link to ../x.conf: leads out of the root",
+    }
+    module_result = {
+        "changed": False,
+        "layers": {"units": {"changed": False, "foreign_overrides": [item]}},
+    }
+    host_vars = {"numafleet_render_root": "/srv/render/node-01"}
+    result, dummy = run_action({}, host_vars, check_mode=True, module_result=module_result)
+    assert result["changed_layers"] == ["pinned_services"]
+    (warning,) = [w for w in result["warnings"] if "link.conf" in w]
+    assert "which numafleet cannot read (is a symbolic link to ../x.conf" in warning

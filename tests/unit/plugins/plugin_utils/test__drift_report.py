@@ -522,3 +522,44 @@ def test_a_layer_that_differs_from_the_plan_without_a_change_is_drift_on_its_lay
     assert entry["drift"][0]["changes"][0]["settings"] == ["node0 2048kB"]
     assert entry["layers"]["hugepages"]["changed"] == 1
     assert entry["layers"]["nvidia_mig"]["changed"] == 0
+
+
+def test_foreign_changes_name_the_env_file_and_unreadable_files():
+    from ansible_collections.numafleet.tuning.plugins.plugin_utils._drift_report import (
+        foreign_changes,
+    )
+
+    dropin = "/etc/systemd/system/numafleet-rerank-a.service.d/env.conf"
+    changes = foreign_changes(
+        [
+            {
+                "unit": "numafleet-rerank-a.service",
+                "property": "Environment.CUDA_VISIBLE_DEVICES",
+                "planned": "MIG-1",
+                "effective": "0\x00",
+                "source": dropin,
+                "detail": "EnvironmentFile=/etc/default/rerank",
+            },
+            {
+                "unit": "numafleet-whisper.service",
+                "property": "(unreadable)",
+                "planned": None,
+                "effective": None,
+                "source": "/etc/systemd/system/numafleet-whisper.service.d/link.conf",
+                "detail": "is a symbolic link to ../x.conf: leads out of the root",
+            },
+        ]
+    )
+    assert [c["path_or_header"] for c in changes] == [
+        dropin,
+        "/etc/systemd/system/numafleet-whisper.service.d/link.conf",
+    ]
+    assert changes[0]["settings"] == [
+        "numafleet-rerank-a.service Environment.CUDA_VISIBLE_DEVICES: planned MIG-1, effective "
+        "0\\x00 (EnvironmentFile=/etc/default/rerank)"
+    ]
+    assert changes[1]["settings"] == [
+        "numafleet-whisper.service: cannot be read (is a symbolic link to ../x.conf: leads out "
+        "of the root)"
+    ]
+    assert all(c["state"] == "foreign" for c in changes)

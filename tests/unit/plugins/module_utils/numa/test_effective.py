@@ -53,7 +53,10 @@ def test_clean_unit_matches_the_plan(tmp_path):
         "ok": True,
     }
     assert entry["properties"]["Environment.CUDA_VISIBLE_DEVICES"]["effective"] == "GPU-1"
+    # every setting our file assigns in [Unit] and [Service] is compared
     assert set(entry["properties"]) == {
+        "Description",
+        "ExecStart",
         "AllowedCPUs",
         "AllowedMemoryNodes",
         "CPUAffinity",
@@ -212,15 +215,29 @@ def test_link_in_a_dropin_dir_is_not_followed_and_is_reported(tmp_path):
     assert "symbolic link" in entry["unread"][0]["reason"]
 
 
-def test_linked_dropin_directory_is_reported_not_followed(tmp_path):
+def test_linked_dropin_directory_is_followed_below_the_root(tmp_path):
     put(tmp_path, OURS, SERVICE)
-    elsewhere = tmp_path.parent / f"{tmp_path.name}-dir"
+    put(tmp_path, "/srv/dropins/90.conf", "[Service]\nNUMAPolicy=default\n")
+    os.symlink("/srv/dropins", tmp_path / f"etc/systemd/system/{UNIT}.d")
+    entry, foreign = props(tmp_path)
+    item = foreign["NUMAPolicy"]
+    assert item.source == f"{ETC}/{UNIT}.d/90.conf"
+    assert item.detail == "link to /srv/dropins/90.conf"
+
+
+def test_linked_dropin_directory_out_of_the_root_is_unreadable_drift(tmp_path):
+    root = tmp_path / "root"
+    put(root, OURS, SERVICE)
+    elsewhere = tmp_path / "dir"
     elsewhere.mkdir()
     (elsewhere / "90.conf").write_text("[Service]\nNUMAPolicy=default\n")
-    os.symlink(elsewhere, tmp_path / f"etc/systemd/system/{UNIT}.d")
-    entry, foreign = props(tmp_path)
-    assert foreign == {}
-    assert [item["path"] for item in entry["unread"]] == [f"{ETC}/{UNIT}.d"]
+    os.symlink("../../../../dir", root / f"etc/systemd/system/{UNIT}.d")
+    entry, foreign = props(root)
+    # not read, so not known to be harmless: drift of the unit, with the directory named
+    assert [(o.property, o.source) for o in foreign.values()] == [
+        (effective.UNREADABLE, f"{ETC}/{UNIT}.d")
+    ]
+    assert "out of the root" in foreign[effective.UNREADABLE].detail
 
 
 def test_unreadable_file_is_reported_not_raised(tmp_path):
@@ -228,8 +245,14 @@ def test_unreadable_file_is_reported_not_raised(tmp_path):
     (tmp_path / f"etc/systemd/system/{UNIT}.d/60-fifo.conf").parent.mkdir(parents=True)
     os.mkfifo(tmp_path / f"etc/systemd/system/{UNIT}.d/60-fifo.conf")
     entry, foreign = props(tmp_path)
-    assert foreign == {}
     assert entry["unread"] and entry["unread"][0]["path"].endswith("60-fifo.conf")
+    # a file systemd reads but numafleet cannot is drift, never "clean"
+    unreadable = foreign[effective.UNREADABLE]
+    assert unreadable.source.endswith("60-fifo.conf")
+    assert "is not a regular file" in unreadable.detail
+    message = unreadable.message("h")
+    assert message.startswith(f"host h: {UNIT}: systemd reads {ETC}/{UNIT}.d/60-fifo.conf")
+    assert "make it readable or remove that file" in message
 
 
 def test_masked_unit_is_a_foreign_override(tmp_path):
@@ -391,3 +414,265 @@ def test_recorded_guest_output_of_systemctl_show(tmp_path):
     assert (
         entries[0]["live"]["NUMAMask"] == "0" and entries[0]["live"]["Slice"] == "numafleet.slice"
     )
+
+
+# --- EnvironmentFile=, UnsetEnvironment= (systemd.exec(5)) ------------------------------------
+
+
+def test_environment_file_overrides_a_planned_variable(tmp_path):
+    put(tmp_path, OURS, SERVICE)
+    dropin = f"{ETC}/{UNIT}.d/env.conf"
+    put(tmp_path, dropin, "[Service]\nEnvironmentFile=/etc/default/embed\n")
+    put(tmp_path, "/etc/default/embed", "# site\nCUDA_VISIBLE_DEVICES=0\nOTHER=1\n")
+    entry, foreign = props(tmp_path)
+    assert set(foreign) == {"Environment.CUDA_VISIBLE_DEVICES"}
+    item = foreign["Environment.CUDA_VISIBLE_DEVICES"]
+    assert (item.planned, item.effective, item.source) == ("GPU-1", "0", dropin)
+    assert item.detail == "EnvironmentFile=/etc/default/embed"
+    message = item.message("gpu-a100-01")
+    assert dropin in message and "EnvironmentFile=/etc/default/embed" in message
+    assert item.as_dict()["detail"] == "EnvironmentFile=/etc/default/embed"
+    # the same value in the file is harmless
+    put(tmp_path, "/etc/default/embed", "CUDA_VISIBLE_DEVICES=GPU-1\n")
+    assert props(tmp_path)[1] == {}
+
+
+def test_environment_file_values_win_over_later_environment_lines(tmp_path):
+    put(tmp_path, OURS, SERVICE)
+    # 10-env.conf sorts before our settings would be re-applied, yet the file wins: systemd
+    # applies EnvironmentFile= variables after all Environment= lines.
+    put(tmp_path, f"/run/systemd/system/{UNIT}.d/10-env.conf", "[Service]\nEnvironmentFile=/e\n")
+    put(tmp_path, "/e", 'OMP_NUM_THREADS="2"\n')
+    dummy, foreign = props(tmp_path)
+    assert foreign["Environment.OMP_NUM_THREADS"].effective == "2"
+
+
+def test_optional_missing_environment_file_is_ignored_and_a_required_one_is_drift(tmp_path):
+    put(tmp_path, OURS, SERVICE)
+    dropin = f"{ETC}/{UNIT}.d/env.conf"
+    put(tmp_path, dropin, "[Service]\nEnvironmentFile=-/etc/default/none\n")
+    entry, foreign = props(tmp_path)
+    assert foreign == {} and entry["unread"] == []
+    put(tmp_path, dropin, "[Service]\nEnvironmentFile=/etc/default/none\n")
+    entry, foreign = props(tmp_path)
+    item = foreign[effective.UNREADABLE]
+    assert item.source == "/etc/default/none" and dropin in item.detail
+    assert "refuse to start" in item.detail
+
+
+def test_empty_environment_file_assignment_resets_the_list(tmp_path):
+    put(tmp_path, OURS, SERVICE)
+    put(tmp_path, "/e", "CUDA_VISIBLE_DEVICES=0\n")
+    put(tmp_path, f"{ETC}/{UNIT}.d/a.conf", "[Service]\nEnvironmentFile=/e\n")
+    put(tmp_path, f"{ETC}/{UNIT}.d/b.conf", "[Service]\nEnvironmentFile=\n")
+    assert props(tmp_path)[1] == {}
+
+
+def test_unreadable_environment_file_is_drift(tmp_path):
+    put(tmp_path, OURS, SERVICE)
+    put(tmp_path, f"{ETC}/{UNIT}.d/a.conf", "[Service]\nEnvironmentFile=/etc/default\n")
+    (tmp_path / "etc/default").mkdir()
+    dummy, foreign = props(tmp_path)
+    assert foreign[effective.UNREADABLE].source == "/etc/default"
+
+
+@pytest.mark.parametrize(
+    ("unset", "gone"),
+    [
+        ("CUDA_VISIBLE_DEVICES", True),
+        ("CUDA_VISIBLE_DEVICES=GPU-1", True),
+        ("CUDA_VISIBLE_DEVICES=GPU-2", False),  # only an exact VAR=VALUE is removed
+        ("OTHER", False),
+    ],
+)
+def test_unset_environment(tmp_path, unset, gone):
+    put(tmp_path, OURS, SERVICE)
+    dropin = f"{ETC}/{UNIT}.d/unset.conf"
+    put(tmp_path, dropin, f"[Service]\nUnsetEnvironment={unset}\n")
+    dummy, foreign = props(tmp_path)
+    if gone:
+        item = foreign["Environment.CUDA_VISIBLE_DEVICES"]
+        assert item.effective is None and item.source == dropin
+        assert item.detail == f"UnsetEnvironment={unset}"
+        assert "remove the UnsetEnvironment= line from" in item.message()
+    else:
+        assert foreign == {}
+
+
+def test_unset_environment_applies_after_environment_files(tmp_path):
+    put(tmp_path, OURS, SERVICE)
+    put(tmp_path, "/e", "CUDA_VISIBLE_DEVICES=GPU-1\n")
+    put(tmp_path, f"{ETC}/{UNIT}.d/a.conf", "[Service]\nUnsetEnvironment=CUDA_VISIBLE_DEVICES\n")
+    put(tmp_path, f"{ETC}/{UNIT}.d/b.conf", "[Service]\nEnvironmentFile=/e\n")
+    assert props(tmp_path)[1]["Environment.CUDA_VISIBLE_DEVICES"].effective is None
+
+
+def test_parse_env_file_quotes_comments_and_continuations():
+    text = (
+        '# comment\n; also\n\n  A = 1  \nB=\'x y # z\'\nC="q \\"w\\" \\$x \\n"\n'
+        'D=one\\\ntwo\nE=a\\ b  \nnot a line\n1BAD=x\nF="multi\nline"\n'
+    )
+    assert effective.parse_env_file(text) == [
+        ("A", "1"),
+        ("B", "x y # z"),
+        ("C", 'q "w" $x \\n'),
+        ("D", "onetwo"),
+        ("E", "a b"),
+        ("F", "multi\nline"),
+    ]
+
+
+def test_environment_file_link_is_followed_below_the_root(tmp_path):
+    put(tmp_path, OURS, SERVICE)
+    put(tmp_path, f"{ETC}/{UNIT}.d/env.conf", "[Service]\nEnvironmentFile=/etc/default/embed\n")
+    put(tmp_path, "/srv/env", "CUDA_VISIBLE_DEVICES=0\n")
+    (tmp_path / "etc/default").mkdir(parents=True)
+    os.symlink("/srv/env", tmp_path / "etc/default/embed")  # absolute: taken below the root
+    dummy, foreign = props(tmp_path)
+    item = foreign["Environment.CUDA_VISIBLE_DEVICES"]
+    assert item.detail == "EnvironmentFile=/etc/default/embed (link to /srv/env)"
+
+
+# --- links --------------------------------------------------------------------------------------
+
+
+def test_linked_dropin_is_followed_and_named_with_its_target(tmp_path):
+    put(tmp_path, OURS, SERVICE)
+    put(tmp_path, "/elsewhere/x.conf", "[Service]\nCPUAffinity=0\n")
+    (tmp_path / f"etc/systemd/system/{UNIT}.d").mkdir(parents=True)
+    link = f"{ETC}/{UNIT}.d/link.conf"
+    os.symlink("../../../../elsewhere/x.conf", tmp_path / link.lstrip("/"))
+    entry, foreign = props(tmp_path)
+    item = foreign["CPUAffinity"]
+    assert (item.effective, item.source, item.detail) == (
+        "0,2-9",
+        link,
+        "link to /elsewhere/x.conf",
+    )
+    assert entry["links"] == {link: "/elsewhere/x.conf"} and link in entry["dropins"]
+    assert "remove the link" in item.message()
+
+
+@pytest.mark.parametrize("kind", ["outside", "loop"])
+def test_linked_dropin_out_of_the_root_or_in_a_loop_is_unreadable_drift(tmp_path, kind):
+    root = tmp_path / "root"
+    put(root, OURS, SERVICE)
+    (tmp_path / "x.conf").write_text("[Service]\nCPUAffinity=0\n")
+    (root / f"etc/systemd/system/{UNIT}.d").mkdir(parents=True)
+    link = root / f"etc/systemd/system/{UNIT}.d/link.conf"
+    if kind == "outside":
+        os.symlink("../../../../../x.conf", link)
+    else:
+        os.symlink("link.conf", link)
+    entry, foreign = props(root)
+    item = foreign[effective.UNREADABLE]
+    assert item.source == f"{ETC}/{UNIT}.d/link.conf" and "symbolic link" in item.detail
+    assert ("out of the root" if kind == "outside" else "loop") in item.detail
+
+
+def test_dangling_dropin_link_is_ignored_as_systemd_ignores_it(tmp_path):
+    put(tmp_path, OURS, SERVICE)
+    (tmp_path / f"etc/systemd/system/{UNIT}.d").mkdir(parents=True)
+    os.symlink("/nowhere.conf", tmp_path / f"etc/systemd/system/{UNIT}.d/x.conf")
+    entry, foreign = props(tmp_path)
+    assert foreign == {} and entry["unread"][0]["ignored"] is True
+
+
+# --- every planned setting ------------------------------------------------------------------------
+
+
+SLICE = "numafleet-team\\x2da.slice"
+SLICE_TEXT = "[Unit]\nDescription=t\n\n[Slice]\nAllowedCPUs=2-9\nAllowedMemoryNodes=0\nMemoryMax=4294967296\n"
+
+
+@pytest.mark.parametrize(
+    ("override", "effective_value"),
+    [("MemoryMax=infinity", "infinity"), ("MemoryMax=8G", "8589934592"), ("MemoryMax=", None)],
+)
+def test_slice_memory_max_override_is_drift(tmp_path, override, effective_value):
+    path = f"{ETC}/{SLICE}"
+    put(tmp_path, path, SLICE_TEXT)
+    control = f"/etc/systemd/system.control/{SLICE}.d/50-MemoryMax.conf"
+    put(tmp_path, control, f"[Slice]\n{override}\n")
+    dummy, foreign = effective.evaluate_unit(str(tmp_path), SLICE, {path: SLICE_TEXT})
+    assert [(o.property, o.effective, o.source) for o in foreign] == [
+        ("MemoryMax", effective_value, control)
+    ]
+
+
+def test_slice_memory_max_in_other_units_is_the_same(tmp_path):
+    path = f"{ETC}/{SLICE}"
+    put(tmp_path, path, SLICE_TEXT)
+    put(tmp_path, f"{ETC}/{SLICE}.d/x.conf", "[Slice]\nMemoryMax=4G\n")
+    assert effective.evaluate_unit(str(tmp_path), SLICE, {path: SLICE_TEXT})[1] == []
+
+
+def test_other_planned_service_settings_are_compared(tmp_path):
+    text = SERVICE + "LimitMEMLOCK=infinity\nNoNewPrivileges=yes\nUser=svc\nRestart=on-failure\n"
+    put(tmp_path, OURS, text)
+    dropin = f"{ETC}/{UNIT}.d/x.conf"
+    put(
+        tmp_path,
+        dropin,
+        "[Unit]\nAfter=foo.service\n[Service]\nLimitMEMLOCK=infinity:infinity\n"
+        "NoNewPrivileges=true\nUser=root\nExecStart=\nExecStart=/bin/other\n",
+    )
+    entry, foreign = effective.evaluate_unit(str(tmp_path), UNIT, {OURS: text})
+    # a harmless extra dependency, the same limit and boolean written otherwise: in effect
+    assert {o.property: o.effective for o in foreign} == {"User": "root", "ExecStart": "/bin/other"}
+
+
+def test_dependencies_are_in_effect_while_every_planned_unit_is_listed(tmp_path):
+    text = "[Unit]\nAfter=numafleet-mig.service\n[Service]\nExecStart=/bin/x\n"
+    put(tmp_path, OURS, text)
+    put(tmp_path, f"{ETC}/{UNIT}.d/x.conf", "[Unit]\nAfter=network.target\n")
+    entry, foreign = effective.evaluate_unit(str(tmp_path), UNIT, {OURS: text})
+    assert foreign == [] and entry["properties"]["After"]["effective"] == (
+        "numafleet-mig.service network.target"
+    )
+
+
+# --- the fix per source ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("source", "revert"),
+    [
+        (f"{ETC}/{UNIT}.d/override.conf", True),
+        (f"/run/systemd/system.control/{UNIT}.d/50-CPUAffinity.conf", True),
+        (f"{ETC}/numafleet-.service.d/10-x.conf", False),
+        (f"{ETC}/service.d/10-all.conf", False),
+        (f"/usr/lib/systemd/system/{UNIT}.d/x.conf", False),
+    ],
+)
+def test_fix_offers_revert_only_where_it_removes_the_file(source, revert):
+    message = effective.Override(UNIT, "NUMAPolicy", "bind", "default", source).message()
+    assert ("systemctl revert numafleet-embed.service" in message) is revert
+    if not revert:
+        assert "systemctl revert does not remove it" in message
+        name = source.rsplit("/", 1)[1]
+        assert f"ln -s /dev/null {ETC}/{UNIT}.d/{name}" in message
+
+
+def test_the_suggested_mask_hides_the_prefix_dropin_for_this_unit(tmp_path):
+    put(tmp_path, OURS, SERVICE)
+    prefix = f"{ETC}/numafleet-.service.d/10-x.conf"
+    put(tmp_path, prefix, "[Service]\nNUMAPolicy=interleave\n")
+    dummy, foreign = props(tmp_path)
+    mask = foreign["NUMAPolicy"].message().rsplit("ln -s /dev/null ", 1)[1].split(",")[0]
+    (tmp_path / mask.lstrip("/")).parent.mkdir(parents=True)
+    os.symlink("/dev/null", tmp_path / mask.lstrip("/"))
+    assert props(tmp_path)[1] == {}
+
+
+def test_raw_bytes_of_a_foreign_dropin_are_shown_escaped(tmp_path):
+    put(tmp_path, OURS, SERVICE)
+    target = tmp_path / f"etc/systemd/system/{UNIT}.d/bad.conf"
+    target.parent.mkdir(parents=True)
+    target.write_bytes(b"[Service]\nNUMAPolicy=\xff\xfe\x00default\n")
+    dummy, foreign = props(tmp_path)
+    item = foreign["NUMAPolicy"]
+    assert item.effective == "\\xff\\xfe\\x00default"
+    message = item.message("h")
+    assert "\x00" not in message and "\ufffd" not in message
+    assert "NUMAPolicy is \\xff\\xfe\\x00default" in message

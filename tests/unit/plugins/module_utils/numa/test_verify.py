@@ -906,3 +906,29 @@ def test_require_runtime_keeps_layer_static_and_waiting_checks_skipped():
     ]  # fmt: skip
     report = verify.as_json_report(RUN, checks)
     assert report["hosts"][HOST]["not_run"] == 3
+
+
+def test_unreadable_dropin_fails_not_passes(tmp_path):
+    import os
+
+    plan = make_plan(placement())
+    (tmp_path / "etc/systemd/system/numafleet-embed.service.d").mkdir(parents=True)
+    os.mkfifo(tmp_path / OVERRIDE.lstrip("/"))
+    entries = _effective(tmp_path, plan)
+    check = pick(
+        verify.evaluate(HOST, plan, None, render_mode=True, effective=entries), "effective_units"
+    )
+    assert check.status == "fail" and OVERRIDE in check.message
+    assert "cannot be read" in check.message and "(unreadable) overridden" in check.detail
+
+
+def test_fix_names_revert_only_for_the_units_own_dropins(tmp_path):
+    plan = make_plan(placement())
+    prefix = "/etc/systemd/system/numafleet-.service.d/10-x.conf"
+    entries = _effective(tmp_path, plan, {prefix: "[Service]\nNUMAPolicy=interleave\n"})
+    check = pick(
+        verify.evaluate(HOST, plan, None, render_mode=True, effective=entries), "effective_units"
+    )
+    assert check.status == "fail" and prefix in check.message
+    assert "systemctl revert numafleet-embed.service" not in check.message
+    assert "systemctl revert does not remove it" in check.message
