@@ -361,10 +361,15 @@ plan:
   type: dict
   sample: {version: 1, host: gpu-a100-01, placements: []}
 summary:
-  description: The one-line summary of RV(plan).
+  description:
+    - The one-line summary of RV(plan), then C(; re-planned after the MIG layout changed), the
+      placements that waited for their MIG instance and were started in this run
+      (C(; 1 started once its MIG instance existed (classify))) and those still waiting
+      (C(; 1 waiting for a MIG instance (embed))).
   returned: when the plan was made again
   type: str
-  sample: "gpu-a100-01: 2 placements: embed node0 cpus 2-9 gpus 17:00.0; ..."
+  sample: "gpu-a100-01: 2 placements: embed node0 cpus 2-9 gpus 17:00.0; ...; re-planned after
+    the MIG layout changed; 1 started once its MIG instance existed (classify)"
 diff:
   description: The diffs of every layer, in layer order.
   returned: in diff mode
@@ -509,7 +514,7 @@ def main() -> None:
         mig_devices=list(mig.get("mig_devices") or []),
     )
     if replanned is not None:
-        result.update(plan=replanned, summary=layers.summary(replanned))
+        result.update(plan=replanned, summary=_replanned_summary(plan, replanned))
     if params["measure"] is not None:
         result["locality"] = _measure(module, replanned or plan)
     if params["recorded_digest"] is not None and not host.check_mode:
@@ -521,6 +526,25 @@ def main() -> None:
             diff += entry if isinstance(entry, list) else [entry]
         result["diff"] = diff
     module.exit_json(**result)
+
+
+def _replanned_summary(plan: dict, replanned: dict) -> str:
+    """The summary line of the plan made again after the MIG change, naming the placements that
+    waited for their MIG instance and were started in this run, and those still waiting."""
+
+    def waiting(some: dict) -> list:
+        return sorted(
+            str(p.get("name")) for p in some.get("placements") or () if p.get("waits_for")
+        )
+
+    line = layers.summary(replanned) + "; re-planned after the MIG layout changed"
+    still = waiting(replanned)
+    started = [name for name in waiting(plan) if name not in still]
+    if started:
+        line += f"; {len(started)} started once its MIG instance existed ({', '.join(started)})"
+    if still:
+        line += f"; {len(still)} waiting for a MIG instance ({', '.join(still)})"
+    return line
 
 
 def _check_recorded(module) -> None:

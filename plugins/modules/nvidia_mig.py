@@ -31,7 +31,11 @@ description:
     that have no GPU instance yet. With O(mig_parted_config), also an equivalent NVIDIA mig-parted
     config (config name C(numafleet)).
   - With O(snapshot), nothing runs on a GPU; the GPUs are read from a snapshot and the changes the host
-    would need are reported in RV(would_run) and the diff.
+    would need are reported in RV(would_run) and the diff. Outside check mode the change is then
+    written into the snapshot (the recording is the host's kernel in render mode) - destroyed GPU
+    instances removed, created ones added with C(rendered) true and a synthetic C(MIG-) device
+    UUID, a mode change that needs a GPU reset left pending - so that the next read sees what the
+    driver would show.
 options:
   gpus:
     description:
@@ -106,8 +110,10 @@ options:
   snapshot:
     description:
       - Render mode. Read the GPUs from this snapshot (written by
-        M(numafleet.tuning.gpu_topology_facts) C(snapshot_out)) and never touch a GPU; only the files
-        are written. O(service_manager) is treated as V(none).
+        M(numafleet.tuning.gpu_topology_facts) C(snapshot_out)) and never touch a GPU; the files
+        are written, and (outside check mode) the changes into the snapshot itself, so point it at
+        a writable scratch copy of the recording; a symbolic link is refused, never written
+        through. O(service_manager) is treated as V(none).
     type: path
   root:
     description:
@@ -212,11 +218,10 @@ drift:
     - One entry per listed GPU whose mode or instances as read (NVML, nvidia-smi or the
       snapshot) differ from the request before the run; C(setting) is C(GPU <address> MIG
       layout), C(planned) and C(actual) are C(mode <mode>; <profile>@<start>, ...). With
-      O(snapshot) (render mode) the snapshot is never changed, so the entry is C(pending) (the
-      layout is made on the host itself); host_apply makes it standing drift when the snapshot
-      changed since the last render apply.
+      O(snapshot) (render mode) an apply writes its changes into the snapshot, so a difference
+      found later is a change of the recording, drift as on a host.
     - Each entry is C(setting), C(planned), C(actual), C(reason) and C(pending) (true only for a
-      difference the run cannot make in this mode; it is neither drift nor a failed check).
+      MIG mode change that waits for a GPU reset; it is neither drift nor a failed check).
   returned: always
   type: list
   elements: dict
@@ -406,9 +411,16 @@ reload_needed:
   sample: true
 gpu_changed:
   description:
-    - Whether a GPU was changed in this run (mode, GPU or compute instances); false in check and
-      render mode. New MIG devices then have UUIDs that a plan made before the run lacks, so
-      C(site.yml) gathers the GPU facts and plans again.
+    - Whether a GPU was changed in this run (mode, GPU or compute instances), in render mode
+      whether the change was written into the snapshot; false in check mode. New MIG devices then
+      have UUIDs that a plan made before the run lacks, so C(site.yml) gathers the GPU facts and
+      plans again.
+  returned: always
+  type: bool
+  sample: false
+snapshot_written:
+  description:
+    - Render mode, outside check mode - whether the change was written into O(snapshot).
   returned: always
   type: bool
   sample: false

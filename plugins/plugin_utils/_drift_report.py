@@ -98,6 +98,14 @@ def _text(value) -> str:
     return json.dumps(value, indent=2, sort_keys=True, default=str) + "\n"
 
 
+def _mig_setting(line: str) -> str:
+    """The setting a MIG diff line names: "MIG mode" for its mode line, else the GPU instance
+    as profile@placement start ("3g.40gb@4" of "3g.40gb@4 (GI 2, CI 0 3g.40gb)")."""
+    if line.startswith("mode "):
+        return "MIG mode"
+    return line.split(" ", 1)[0]
+
+
 def diff_changes(diff) -> list:
     """[{path_or_header, state, added, removed, settings}] of a diff (a dict or a list of dicts)."""
     entries = diff if isinstance(diff, list) else [diff] if isinstance(diff, dict) else []
@@ -126,7 +134,9 @@ def diff_changes(diff) -> list:
         if not added and not removed and not header:
             continue
         names = set()
-        if state == "update":  # a whole file created or removed: its path says it all
+        if header.startswith("GPU "):  # the MIG layer: "mode ..." and "<profile>@<start> (GI ..)"
+            names = {f"{header} {_mig_setting(line)}" for line in added + removed}
+        elif state == "update":  # a whole file created or removed: its path says it all
             names = {m.group(1).strip() for m in map(_SETTING.match, added + removed) if m}
         out.append(
             {

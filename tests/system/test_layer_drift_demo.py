@@ -7,8 +7,8 @@ layer, and both playbooks run again:
 * qemu-2node-01: node1's 2 MiB pool in the recorded sysfs raised above the plan with no free
   page (pages "in use": a shrink cannot take it back, the case that used to be called clean);
 * epyc-nps4-01: /proc/sys/vm/zone_reclaim_mode in the recorded procfs changed;
-* gpu-a100-01: one GPU instance removed from the GPU snapshot of its MIG GPU, and the recorded
-  active thread percentage of one MPS daemon changed;
+* gpu-a100-01: one GPU instance (made by site.yml in the recording) removed from the GPU
+  snapshot of its MIG GPU, and the recorded active thread percentage of one MPS daemon changed;
 * gh200-01: untouched (control).
 
 Each change must be drift on its host and layer in drift.json with the setting named, and fail
@@ -93,9 +93,12 @@ def fleet(tmp_path_factory, ansible_ready):
     snapshot = demo / "gpu-a100-01" / "gpu-snapshot.json"
     data = json.loads(snapshot.read_text())
     (gpu,) = [g for g in data["gpus"] if g["address"] == MIG_GPU]
-    # the 2g.20gb at slice 2, which the plan replaces anyway: the plan itself does not move
+    # the 1g.10gb at slice 3 that site.yml created in the recording (render mode writes the
+    # instances it makes into the snapshot) and no placement uses: no placement moves
+    (made,) = [gi for gi in gpu["mig"]["gpu_instances"] if gi["placement_start"] == 3]
+    assert made["rendered"] and made["profile_name"] == "1g.10gb", made
     gpu["mig"]["gpu_instances"] = [
-        gi for gi in gpu["mig"]["gpu_instances"] if gi["placement_start"] != 2
+        gi for gi in gpu["mig"]["gpu_instances"] if gi["placement_start"] != 3
     ]
     snapshot.write_text(json.dumps(data))
 
@@ -128,7 +131,8 @@ def test_site_then_a_clean_fleet_has_zero_drift_and_no_failed_layer_check(fleet)
     mps = [c for c in a100 if c["check"] == "mps_settings"]
     assert mps and all(c["status"] == "pass" for c in mps), mps  # read from the recording
     (mig,) = [c for c in a100 if c["check"] == "mig_layout"]
-    assert mig["status"] == "skipped" and "render mode" in mig["message"], mig
+    # site.yml wrote the planned instances into the recording: the layout is as planned
+    assert mig["status"] == "pass", mig
 
 
 def test_checks_write_nothing(fleet):
@@ -154,9 +158,13 @@ def test_each_change_is_drift_on_its_host_and_layer_with_the_setting_named(fleet
     assert list(knob) == ["numa_kernel"], knob
     assert knob["numa_kernel"][0]["settings"] == ["zone_reclaim_mode"]
     a100 = _drift_of(report, "gpu-a100-01")
-    assert sorted(a100) == ["nvidia_mig", "nvidia_mps"], a100
+    # The plan records every MIG device of the planned layout (plan.json, its device UUIDs), so
+    # the missing instance shows there too, and nowhere else among the unit files.
+    assert sorted(a100) == ["nvidia_mig", "nvidia_mps", "pinned_services"], a100
+    assert [c["path_or_header"] for c in a100["pinned_services"]] == ["/etc/numafleet/plan.json"]
     assert a100["nvidia_mps"][0]["settings"] == ["active_thread_percentage"]
     assert a100["nvidia_mig"][0]["path_or_header"] == f"GPU {MIG_GPU}"
+    assert a100["nvidia_mig"][0]["settings"] == [f"GPU {MIG_GPU} 1g.10gb@3"]
     for host in ("qemu-2node-01", "epyc-nps4-01", "gpu-a100-01"):
         # drift, not fail: the failed layer checks repeat the layer's drift
         assert report["hosts"][host]["status"] == "drift", report["hosts"][host]["summary"]
@@ -169,7 +177,7 @@ def test_each_change_is_drift_on_its_host_and_layer_with_the_setting_named(fleet
         ("qemu-2node-01", "hugepage_pools", ("node1 2048kB", "pages in use")),
         ("epyc-nps4-01", "kernel_settings", ("zone_reclaim_mode", "proc/sys/vm/zone_reclaim_mode")),
         ("gpu-a100-01", "mps_settings", ("active_thread_percentage 100 (planned 50)",)),
-        ("gpu-a100-01", "mig_layout", (f"GPU {MIG_GPU}", "snapshot changed since the last apply")),
+        ("gpu-a100-01", "mig_layout", (f"GPU {MIG_GPU}", "1g.10gb@3", "run site.yml")),
     ],
 )
 def test_verify_fails_the_named_check_on_that_host(fleet, host, check, words):

@@ -145,16 +145,24 @@ def test_one_summary_line_per_host(fleet):
         line = fleet.first.one(host, SUMMARY_TASK)["msg"]
         assert isinstance(line, str) and "\n" not in line
         assert line.startswith(f"{host}: "), line
-    a100 = fleet.first.one("gpu-a100-01", SUMMARY_TASK)["msg"]
-    assert a100.startswith("gpu-a100-01: 6 placements: llm-70b node1 ")
+    # The plan before the gate: classify waits for the 1g.10gb the run creates.
+    planned = fleet.first.one("gpu-a100-01", "Plan placements")["summary"]
     assert (
         "classify node0 cpus 9,73 gpus 17:00.0 mig 1g.10gb@2 (waits for MIG instance 1g.10gb "
         "at slice 2 of GPU 0000:17:00.0: created in this run);"
-    ) in a100
-    assert a100.endswith(
+    ) in planned
+    assert planned.endswith(
         "rerank-mini-a node0 cpus 10,74 gpus 17:00.0 mig 2g.20gb@0 mps; 1 warning; "
         "changes: 6 added; 7 started, 1 waiting for a MIG instance, 2 slices written, "
         "1 MIG layout to change"
+    )
+    # The line after the apply: the plan made again once the instance exists (in the recording).
+    a100 = fleet.first.one("gpu-a100-01", SUMMARY_TASK)["msg"]
+    assert a100.startswith("gpu-a100-01: 6 placements: llm-70b node1 ")
+    assert "classify node0 cpus 9,73 gpus 17:00.0 mig 1g.10gb@2;" in a100
+    assert a100.endswith(
+        "rerank-mini-a node0 cpus 10,74 gpus 17:00.0 mig 2g.20gb@0 mps; re-planned after the MIG "
+        "layout changed; 1 started once its MIG instance existed (classify)"
     )
     vm = fleet.first.one("vm-gpu-01", SUMMARY_TASK)["msg"]
     assert vm.endswith("; 1 warning; changes: 2 added; 2 started"), vm
@@ -378,12 +386,9 @@ def test_check_diff_shows_unit_diffs_and_writes_nothing(fleet):
     assert "numafleet-llm-70b.service" in a100
     gh200 = json.dumps(run.one("gh200-01", APPLY_TASK)["layers"]["units"]["diff"])
     assert "tritonserver.service.d/50-numafleet.conf" in gh200 and "CPUAffinity=2-33" in gh200
-    # The GI/CI diff of the MIG GPU against its recorded state (files unchanged: not a change).
+    # The first apply made the planned MIG layout in the recorded GPU snapshot: no GI/CI diff.
     mig = run.one("gpu-a100-01", APPLY_TASK)["layers"]["mig"]
-    (gpu_diff,) = [d for d in mig["diff"] if d["before_header"] == f"GPU {MIG_GPU}"]
-    assert "2g.20gb@2" in gpu_diff["before"] and "2g.20gb@2" not in gpu_diff["after"]
-    assert "1g.10gb@2" in gpu_diff["after"] and "1g.10gb@3" in gpu_diff["after"]
-    assert "3g.40gb@4" in gpu_diff["before"] and "3g.40gb@4" in gpu_diff["after"]
+    assert not [d for d in mig["diff"] if d["before_header"] == f"GPU {MIG_GPU}"], mig["diff"]
 
 
 def test_removed_placement_is_stopped_and_removed(fleet):
@@ -450,10 +455,10 @@ def test_mig_changes_are_reported_not_run_in_render_mode(fleet):
         f"would run: nvidia-smi mig -i {MIG_GPU} -cci 0 -gi <new>",
     ]
     assert "would run: systemctl enable numafleet-mig.service" in msg
-    # The recorded GPU never changes, so the second run still names the GPU actions, changing
-    # nothing (changed=0 is asserted for every host above).
-    second = _mig_lines(fleet.second.one("gpu-a100-01", WOULD_RUN_TASK)["msg"])
-    assert second == msg[:6]
+    # The first run wrote the change into the recorded GPU snapshot (render mode keeps the
+    # recording a consistent kernel), so the second run has no GPU action left.
+    second = _mig_lines(fleet.second.one("gpu-a100-01", WOULD_RUN_TASK).get("msg") or [])
+    assert second == []
 
 
 def test_mps_daemons_are_rendered_with_their_clients(fleet):
@@ -491,14 +496,10 @@ CLASSIFY_WAITS = (
 )
 
 
-def test_client_of_a_pending_mig_instance_waits_for_the_replan(fleet):
-    """classify's 1g.10gb does not exist on the recorded GPU: its unit is written, not started."""
-    unit = _unit(fleet, "gpu-a100-01", "numafleet-classify.service")
-    assert "After=numafleet-mig.service" in unit
-    # No GPU at all until the instance exists, rather than every GPU the process would see.
-    assert [line for line in unit if "CUDA_VISIBLE_DEVICES" in line] == [
-        'Environment="CUDA_VISIBLE_DEVICES="'
-    ]
+def test_client_of_a_mig_instance_made_in_the_run_is_started_after_the_replan(fleet):
+    """classify's 1g.10gb does not exist on the recorded GPU: the plan before the gate says it
+    waits; the MIG layer creates it in the recording (render mode), host_apply re-plans and
+    starts classify with the new instance in the same run; the second run has nothing waiting."""
     plan = fleet.first.one("gpu-a100-01", "Plan placements")
     assert any("classify" in w and "does not exist yet" in w for w in plan["warnings"])
     # The change plan (before the gate) says it waits, and does not count it as started.
@@ -508,18 +509,26 @@ def test_client_of_a_pending_mig_instance_waits_for_the_replan(fleet):
         "instance 1g.10gb at slice 2 of GPU 0000:17:00.0: created in this run)"
     ) in shown["msg"]
     assert f"  {CLASSIFY_WAITS}" in shown["msg"]
-    (start,) = [line for line in shown["msg"] if line.startswith("  start: ")]
-    assert "numafleet-classify.service" not in start and "numafleet-embed.service" in start
-    # The would-run lines: never started, and what happens to it; on every render run, as the
-    # recording never gets the instance (a real run starts it after host_apply's re-plan).
-    for run in (fleet.first, fleet.second):
-        msg = run.one("gpu-a100-01", WOULD_RUN_TASK)["msg"]
-        assert f"would run: {CLASSIFY_WAITS}" in msg
-        assert not [line for line in msg if "systemctl" in line and "classify" in line], msg
+    # The recording has the instance now, marked rendered, with a synthetic MIG-device UUID ...
+    snapshot = json.loads((fleet.base / ".demo/gpu-a100-01/gpu-snapshot.json").read_text())
+    (gpu,) = [g for g in snapshot["gpus"] if g["address"] == "0000:17:00.0"]
+    (made,) = [gi for gi in gpu["mig"]["gpu_instances"] if gi["placement_start"] == 2]
+    assert (made["profile_name"], made["rendered"]) == ("1g.10gb", True)
+    device = made["mig_device_uuid"]
+    # ... which the unit gets, and classify is started in the same run.
+    unit = _unit(fleet, "gpu-a100-01", "numafleet-classify.service")
+    assert "After=numafleet-mig.service" in unit
+    assert [line for line in unit if "CUDA_VISIBLE_DEVICES" in line] == [
+        f'Environment="CUDA_VISIBLE_DEVICES={device}"'
+    ]
+    msg = fleet.first.one("gpu-a100-01", WOULD_RUN_TASK)["msg"]
+    assert "would run: systemctl enable --now numafleet-classify.service" in msg
+    assert not [line for line in msg if "waits for MIG instance" in line], msg
+    applied = fleet.first.one("gpu-a100-01", APPLY_TASK)
+    assert applied["layers"]["units"]["waiting"] == []
     units = fleet.second.one("gpu-a100-01", APPLY_TASK)["layers"]["units"]
-    assert units["changed"] is False
-    assert [w["unit"] for w in units["waiting"]] == ["numafleet-classify.service"]
+    assert units["changed"] is False and units["waiting"] == []
     # the recorded plan says so too (the next run's change plan compares with it)
     recorded = json.loads((fleet.root("gpu-a100-01") / "etc/numafleet/plan.json").read_text())
     (entry,) = [p for p in recorded["placements"] if p["name"] == "classify"]
-    assert entry["waits_for"]["reason"] == "created in this run"
+    assert entry["waits_for"] is None

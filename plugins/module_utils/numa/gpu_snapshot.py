@@ -44,6 +44,11 @@ def _opt(schema: tuple) -> tuple:
     return ("opt", schema)
 
 
+def _absent_ok(schema: tuple) -> tuple:
+    """A key that may be left out (or null): added after version 1 was first written."""
+    return ("maybe", schema)
+
+
 def _list(schema: tuple) -> tuple:
     return ("list", schema)
 
@@ -64,6 +69,9 @@ _GPU_INSTANCE = _obj(
     placement_size=_opt(_INT),
     compute_instances=_opt(_list(_COMPUTE_INSTANCE)),
     mig_device_uuid=_opt(_STR),
+    # true: made by a render-mode apply in this recording, not recorded from a GPU
+    # (mig_nvml.render_into_snapshot; its MIG-device UUIDs are synthetic)
+    rendered=_absent_ok(_BOOL),
 )
 _PROFILE = _obj(
     name=_opt(_STR),
@@ -118,7 +126,7 @@ def _json_type(value) -> str:
 def _check(value, schema: tuple, where: str, path: str) -> None:
     """Raise SnapshotError unless ``value`` (parsed JSON) has the shape ``schema`` describes."""
     kind, place = schema[0], where or "the top level"
-    if kind == "opt":
+    if kind in ("opt", "maybe"):
         if value is not None:
             _check(value, schema[1], where, path)
         return
@@ -152,14 +160,14 @@ def _check(value, schema: tuple, where: str, path: str) -> None:
             _check(item, schema[1], f"{where}.{_clip(key)}", path)
     elif kind == "obj":
         fields = schema[1]
-        missing = [key for key in fields if key not in value]
+        missing = [key for key in fields if key not in value and fields[key][0] != "maybe"]
         if missing:
             raise SnapshotError(path, f"{place} lacks {', '.join(missing)}")
         extra = sorted(_quote(key) for key in value if key not in fields)
         if extra:
             raise SnapshotError(path, f"{place} has unknown key(s) {', '.join(extra)}")
         for key, item_schema in fields.items():
-            _check(value[key], item_schema, f"{where}.{key}" if where else key, path)
+            _check(value.get(key), item_schema, f"{where}.{key}" if where else key, path)
 
 
 def as_snapshot(state: GpuState) -> dict:

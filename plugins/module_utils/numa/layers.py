@@ -328,13 +328,7 @@ def _mig(params: dict, host, ran: list) -> dict:
 
     load = getattr(host, "load_pynvml", None) or _no_nvml
     result = mig_nvml.run(dict(params), host.check_mode, runner, host.get_bin_path, load)
-    render = bool(params.get("snapshot"))
-    result["drift"] = mig_drift(result, render)
-    if render:  # the snapshot never changes: tell a changed recording from a pending layout
-        recorded = mig_nvml.read_layout_recording(params["root"])
-        result["drift"] = mig_nvml.settle_render_drift(result["drift"], recorded)
-        if not host.check_mode:
-            mig_nvml.write_layout_recording(params["root"], result["drift"])
+    result["drift"] = mig_drift(result, bool(params.get("snapshot")))
     for item in result["kept"]:
         host.warn(f"{item['path']}: {item['reason']}")
     if not host.diff:
@@ -356,9 +350,17 @@ def _instances(lines) -> str:
 
 def mig_drift(result: dict, render: bool) -> list:
     """The MIG layer's ``drift``: one {setting: "GPU <address> MIG layout", planned, actual,
-    reason} per planned GPU whose mode or instances (profile@placement start) as read (NVML,
-    nvidia-smi or the snapshot) differ from the plan. Render mode: the snapshot is never
-    changed, so ``reason`` says the layout is made on the host itself."""
+    reason, pending} per planned GPU whose mode or instances (profile@placement start) as read
+    (NVML, nvidia-smi or the snapshot) differ from the plan. ``pending`` is true only for a GPU
+    whose MIG mode change waits for a GPU reset (``reset_required``): in render mode the
+    snapshot keeps such a change pending as the driver does; every other difference is drift
+    (a render apply writes its changes into the snapshot, so a difference after it is a change
+    of the recording)."""
+    waiting = {
+        str(gpu.get("address")): bool(gpu.get("reset_required"))
+        for gpu in result.get("gpus") or ()
+        if isinstance(gpu, dict)
+    }
     out = []
     for entry in result.get("diff") or ():
         header = str(entry.get("before_header") or "")
@@ -368,19 +370,21 @@ def mig_drift(result: dict, render: bool) -> list:
         planned = _instances(str(entry.get("after") or "").splitlines())
         if actual == planned:
             continue
-        reason = (
-            "render mode: the recorded snapshot is read, never changed; the layout is made "
-            "on the host itself"
-            if render
-            else ""
-        )
+        pending = waiting.get(header[4:], False)
+        reason = ""
+        if pending:
+            reason = "the MIG mode change is pending until the GPU is reset" + (
+                " (render mode: the snapshot keeps it pending, as the driver does)"
+                if render
+                else ""
+            )
         out.append(
             {
                 "setting": f"{header} MIG layout",
                 "planned": planned,
                 "actual": actual,
                 "reason": reason,
-                "pending": render,
+                "pending": pending,
             }
         )
     return out

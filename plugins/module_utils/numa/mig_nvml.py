@@ -11,6 +11,8 @@ import ctypes
 import json
 import os
 import posixpath
+import uuid
+from dataclasses import replace
 from typing import Optional
 
 from . import gpu as gpumod
@@ -31,6 +33,7 @@ from .mig import (
     MigGpu,
     Outcome,
     Profile,
+    ci_name,
     converge,
     desired_files,
     is_our_parted_config,
@@ -559,6 +562,26 @@ def run(params: dict, check_mode: bool, runner, which, load_nvml) -> dict:
             )
         finally:
             backend.close()
+    # Render mode: the predicted change is written into the snapshot (the recording), so the
+    # re-plan of this run and every later read see the new instances; the outcome is then read
+    # back from it, as an apply re-reads the GPU, for the new MIG-device UUIDs.
+    rendered = False
+    if render and requests and not check_mode:
+        rendered = render_into_snapshot(params["snapshot"], outcome)
+        remove_layout_recording(root)
+        if rendered:
+            after = converge(SnapshotBackend(params["snapshot"]), requests, Host(), render=True)
+            outcome = Outcome(
+                tuple(
+                    replace(item, layout=again.layout)
+                    for item, again in zip(outcome.gpus, after.gpus)
+                ),
+                outcome.busy,
+                outcome.stopped_units,
+                outcome.reset_blockers,
+                outcome.would_run,
+                outcome.ran,
+            )
     # Every file this module can write; with no GPU requested none is wanted, and the ones an
     # earlier run wrote are removed (the boot unit disabled first), so a host whose MIG
     # declarations went away does not re-create an old layout at boot. A mig-parted config an
@@ -607,7 +630,7 @@ def run(params: dict, check_mode: bool, runner, which, load_nvml) -> dict:
         if item.changed
     ] + [c.as_diff() for c in changes if c.state != "unchanged"]
     return {
-        "changed": files_changed or (outcome.changed and not render),
+        "changed": files_changed or (outcome.changed and not render) or rendered,
         "gpus": [_result_gpu(item) for item in outcome.gpus],
         "mig_devices": [
             {
@@ -626,7 +649,8 @@ def run(params: dict, check_mode: bool, runner, which, load_nvml) -> dict:
         "stopped_units": list(outcome.stopped_units),
         "would_run": list(outcome.would_run) + _unit_would_run(changes, unit_path, systemd),
         "ran": list(outcome.ran) + extra_ran,
-        "gpu_changed": bool(outcome.ran) and not check_mode and not render,
+        "gpu_changed": (bool(outcome.ran) and not check_mode and not render) or rendered,
+        "snapshot_written": rendered,
         "files": [c.as_dict() for c in changes],
         "kept": kept,
         "reload_needed": any(c.path == unit_path and c.state != "unchanged" for c in changes),
@@ -634,73 +658,116 @@ def run(params: dict, check_mode: bool, runner, which, load_nvml) -> dict:
     }
 
 
-# --- render mode: the snapshot's layouts at the last apply --------------------------------------
+# --- render mode: the apply's changes written into the recorded snapshot ------------------------
 
-# Render mode reads the GPU snapshot and never changes it, so a planned layout that differs from
-# it stays "pending" (the layout is made on the host itself). To tell that from a snapshot that
-# changed afterwards, an apply in render mode records the layout it found for each such GPU:
-# {"format": LAYOUT_RECORDING_FORMAT, "version": 1, "gpus": {"GPU <address> MIG layout":
-# "mode enabled; 2g.20gb@0, 3g.40gb@4"}} (docs/architecture.md, "Render mode and the demo fleet").
+# Render mode keeps the recording a consistent kernel: what a render apply would have done on the
+# GPU is written into the GPU snapshot it read (docs/architecture.md, "Render mode and the demo
+# fleet"), so facts, plan, the re-plan of the same run and the next drift check see the instances
+# as the driver would show them. Destroyed instances are removed; created ones get the next free
+# GPU instance id, compute instance 0 and a synthetic MIG-device UUID (version-5 UUID of the GPU
+# UUID, GI id and CI id in RENDERED_UUID_NAMESPACE) and are marked ``"rendered": true``. A mode
+# change that needs a GPU reset stays pending (mode_pending) with the instances untouched, as the
+# driver keeps it until the reset. Earlier releases recorded the snapshot's layouts in
+# LAYOUT_RECORDING_PATH instead; a render apply removes that file.
 LAYOUT_RECORDING_PATH = "/var/lib/numafleet/render/mig-layouts.json"
-LAYOUT_RECORDING_FORMAT = "numafleet.tuning/mig-recording"
+RENDERED_UUID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_OID, "numafleet.tuning render mode MIG device")
+
+
+def rendered_device_uuid(gpu_uuid: Optional[str], address: str, gi_id: int, ci_id: int) -> str:
+    """The synthetic ``MIG-<uuid5>`` UUID render mode gives a compute instance it creates: the
+    same GPU (UUID, else PCI address), GI id and CI id always give the same UUID."""
+    name = f"{gpu_uuid or address}/{gi_id}/{ci_id}"
+    return f"MIG-{uuid.uuid5(RENDERED_UUID_NAMESPACE, name)}"
 
 
 def _fail_layouts(path: str, reason: str) -> MigError:
+    return MigError(f"{path}: {reason}; remove it by hand")
+
+
+def _rendered_instances(item, mig: dict, uuid_of_gpu: Optional[str]) -> list:
+    """The snapshot's gpu_instances of GPU outcome ``item`` after its (predicted) change."""
+    one = item.plan
+    if one.target == "disabled":
+        return []
+    if one.deferred:  # the GPU lists its profiles only once MIG mode is on: nothing made yet
+        return list(mig.get("gpu_instances") or [])
+    keep = {slot.kept.id for slot in one.slots if slot.kept is not None}
+    out = [gi for gi in mig.get("gpu_instances") or [] if gi.get("id") in keep]
+    used = set(keep)
+    for slot in sorted(one.slots, key=lambda s: s.start):
+        if slot.kept is not None:
+            continue
+        gi_id = next(n for n in range(1, len(used) + 2) if n not in used)
+        used.add(gi_id)
+        full = slot.ci_slices == slot.profile.slices
+        ci_profile = (
+            slot.profile.name
+            if full
+            else ci_name(slot.profile.name, slot.profile.slices, slot.ci_slices)
+        )
+        device = rendered_device_uuid(uuid_of_gpu, one.gpu.address, gi_id, 0)
+        out.append(
+            {
+                "id": gi_id,
+                "profile_id": slot.profile.id,
+                "profile_name": slot.profile.name,
+                "placement_start": slot.start,
+                "placement_size": slot.size,
+                "compute_instances": [
+                    {
+                        "id": 0,
+                        "profile_id": CI_PROFILE_IDS[slot.ci_slices],
+                        "profile_name": ci_profile,
+                        "mig_device_uuid": device,
+                    }
+                ],
+                "mig_device_uuid": device,
+                "rendered": True,
+            }
+        )
+    return sorted(out, key=lambda gi: gi["id"])
+
+
+def _fail_snapshot(path: str, reason: str) -> MigError:
     return MigError(
-        f"{path}: {reason}; it records the GPU snapshot's MIG layouts at the last render: "
-        "remove it and run site.yml again"
+        f"snapshot: {path}: {reason}. Render mode writes the MIG instances it creates into the "
+        "GPU snapshot (the recording is the host's kernel): point numafleet_gpu_snapshot at a "
+        "writable scratch copy of the recording (a regular file, not a link); no GPU state was "
+        "written"
     )
 
 
-def read_layout_recording(root: str) -> dict:
-    """{setting: layout} of the recording below ``root`` ({} when there is none); MigError."""
-    text = read_text(root, LAYOUT_RECORDING_PATH, _fail_layouts)
-    if text is None:
-        return {}
-    where = under_root(root, LAYOUT_RECORDING_PATH)
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise _fail_layouts(where, f"not JSON ({exc})") from None
-    gpus = data.get("gpus") if isinstance(data, dict) else None
-    if (
-        not isinstance(data, dict)
-        or data.get("format") != LAYOUT_RECORDING_FORMAT
-        or data.get("version") != 1
-        or not isinstance(gpus, dict)
-        or not all(isinstance(v, str) for v in gpus.values())
-    ):
-        raise _fail_layouts(where, f"not a {LAYOUT_RECORDING_FORMAT} version 1 file")
-    return {str(key): value for key, value in gpus.items()}
+def render_into_snapshot(path: str, outcome: Outcome) -> bool:
+    """Write the changes of ``outcome`` (predicted in render mode) into the GPU snapshot ``path``;
+    whether it changed. Raises MigError (a link at ``path``, a directory that cannot be written),
+    SnapshotError (the snapshot cannot be read)."""
+    from . import gpu_snapshot
+
+    changed = [item for item in outcome.gpus if item.changed]
+    if not changed:
+        return False
+    if os.path.islink(path):
+        raise _fail_snapshot(path, "is a symbolic link; it is never written through")
+    state = gpu_snapshot.read_snapshot(path)
+    for item in changed:
+        record = state.gpus.get(item.plan.gpu.address)
+        mig = (record or {}).get("mig")
+        if not isinstance(mig, dict):
+            continue
+        mig["mode_current"] = item.mode_current or mig["mode_current"]
+        mig["mode_pending"] = item.mode_pending or item.mode_current
+        if not item.reset_required:
+            mig["gpu_instances"] = _rendered_instances(item, mig, record.get("uuid"))
+    text = json.dumps(gpu_snapshot.as_snapshot(state), indent=2, sort_keys=True) + "\n"
+    with open(path, encoding="utf-8") as handle:
+        if handle.read() == text:
+            return False
+    directory, name = os.path.split(os.path.abspath(path))
+    write_file(directory, name, text, 0o644, _fail_snapshot)
+    return True
 
 
-def settle_render_drift(drift: list, recorded: dict) -> list:
-    """``drift`` (layers.mig_drift in render mode: every entry pending) with the entries whose
-    snapshot layout changed since the last render apply made standing drift, naming both."""
-    out = []
-    for entry in drift:
-        was = recorded.get(entry["setting"])
-        if entry.get("pending") and was is not None and was != entry["actual"]:
-            entry = dict(
-                entry,
-                pending=False,
-                reason=f"the recorded GPU snapshot changed since the last apply (was {was})",
-            )
-        out.append(entry)
-    return out
-
-
-def write_layout_recording(root: str, drift: list) -> None:
-    """Record the snapshot layout of each GPU of ``drift`` (render apply: the layouts it could
-    not make, a changed one becoming the new baseline); none left: no file."""
-    gpus = {entry["setting"]: entry["actual"] for entry in drift}
-    if gpus:
-        text = json.dumps(
-            {"format": LAYOUT_RECORDING_FORMAT, "version": 1, "gpus": gpus},
-            indent=2,
-            sort_keys=True,
-        )
-        if read_text(root, LAYOUT_RECORDING_PATH, _fail_layouts) != text + "\n":
-            write_file(root, LAYOUT_RECORDING_PATH, text + "\n", 0o644, _fail_layouts)
-    elif read_text(root, LAYOUT_RECORDING_PATH, _fail_layouts) is not None:
+def remove_layout_recording(root: str) -> None:
+    """Remove LAYOUT_RECORDING_PATH below ``root`` (what an earlier release wrote), if there."""
+    if read_text(root, LAYOUT_RECORDING_PATH, _fail_layouts, link_as_absent=True) is not None:
         remove_file(root, LAYOUT_RECORDING_PATH, _fail_layouts)

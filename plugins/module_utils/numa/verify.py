@@ -92,6 +92,8 @@ DEFAULT_THRESHOLDS = {
     "memory_fail_pct": 90,
 }
 RENDER_MODE_REASON = "render mode: nothing runs"
+# The detail of a waiting placement's running check (plan waits_for): summary_line counts them.
+_WAITS_PREFIX = "waits for MIG instance "
 SERVICE_CHECKS = ("running", "cpus_binding", "mems_binding", "offnode_share", "gpu_locality")
 NODE_CHECKS = ("memory_used", "hugepages_total")
 STATIC_CHECKS = ("rendered_units", "effective_units")
@@ -712,7 +714,7 @@ def _check_waiting(out: _Checks, placement: dict, entry: Optional[dict], checks)
     if not isinstance(waits, dict):
         return False
     name, unit = str(placement.get("name")), placement.get("unit")
-    why = f"waits for MIG instance {waits.get('mig_instance')}: {waits.get('reason')}"
+    why = f"{_WAITS_PREFIX}{waits.get('mig_instance')}: {waits.get('reason')}"
     running = bool(entry and entry.get("running"))
     message = (
         f"{unit} runs although it {why}; it has no MIG device: stop it until the instance exists"
@@ -920,7 +922,11 @@ def evaluate(
     if render_mode:
         for placement in placements:
             has_gpus = bool(placement.get("gpus"))
-            for check in SERVICE_CHECKS if has_gpus else SERVICE_CHECKS[:-1]:
+            checks = SERVICE_CHECKS if has_gpus else SERVICE_CHECKS[:-1]
+            # A waiting placement is not started in render mode either: running warns so.
+            if _check_waiting(out, placement, None, checks):
+                continue
+            for check in checks:
                 out.skip(check, str(placement.get("name")), RENDER_MODE_REASON)
         for node in plan_nodes:
             if node.get("memory_kb"):
@@ -1009,7 +1015,7 @@ def require_runtime(checks) -> list:
     checks of a placement that waits for its MIG instance (not started by design)."""
     out = []
     for check in checks:
-        waits = (check.detail or "").startswith("waits for MIG instance")
+        waits = (check.detail or "").startswith(_WAITS_PREFIX)
         if check.status == "skipped" and check.check in RUNTIME_CHECKS and not waits:
             check = Check(
                 check.host,
@@ -1037,7 +1043,9 @@ def _by_host(checks) -> dict:
 
 def summary_line(host: str, checks) -> str:
     """'<host>: 12 passed, 1 failed, 3 skipped; FAIL offnode_share embed 7.1% > 2%' for one host,
-    with '; status pass (N of M checks not run)' after the counts when checks were skipped."""
+    with '; 1 waiting for a MIG instance (classify)' after the counts when placements wait for
+    their MIG instance (plan waits_for), and '; status pass (N of M checks not run)' when checks
+    were skipped."""
     mine = [check for check in map(as_check, checks) if check.host == host]
     counts = _counts(mine)
     parts = [f"{counts['pass']} passed"]
@@ -1045,6 +1053,13 @@ def summary_line(host: str, checks) -> str:
         parts.append(f"{counts['warn']} warned")
     parts += [f"{counts['fail']} failed", f"{counts['skipped']} skipped"]
     line = f"{host}: {', '.join(parts)}"
+    waiting = sorted(
+        check.subject
+        for check in mine
+        if check.check == "running" and str(check.detail or "").startswith(_WAITS_PREFIX)
+    )
+    if waiting:
+        line += f"; {len(waiting)} waiting for a MIG instance ({', '.join(waiting)})"
     if not_run(mine):
         line += f"; status {status_text(mine)}"
     problems = [c for c in mine if c.status == "fail"] + [c for c in mine if c.status == "warn"]

@@ -187,8 +187,10 @@ def test_check_mode_writes_nothing_and_a_second_run_changes_nothing(run_module, 
     assert not second["failed"], second["msg"]
     assert second["changed"] is False
     assert all(not result["changed"] for result in second["layers"].values())
-    # A snapshot never changes: render mode predicts the same MIG commands again, and the unit
-    # waiting for an instance still waits; nothing else.
+    # The first run wrote the MIG instances into the snapshot (render mode keeps the recording
+    # consistent), so no MIG command is left; without replan the units layer used the given
+    # plan, so the unit waiting for an instance still waits; nothing else.
+    assert second["layers"]["mig"]["would_run"] == []
     assert second["would_run"] == second["layers"]["mig"]["would_run"] + [
         "numafleet-classify.service: not started, waits for MIG instance 1g.10gb at slice 2 of "
         "GPU 0000:17:00.0: created in this run; enabled and started once it exists"
@@ -389,6 +391,51 @@ def test_replan_reads_the_gpus_again_and_keeps_the_placements(demo_plan, demo):
     assert new["placements"] == demo_plan["placements"]
     assert new["awaiting_restart"] == ["numafleet-embed.service"]
     assert layers.summary(new).startswith("gpu-a100-01: 6 placements")
+
+
+def test_render_creates_the_instance_and_starts_the_waiting_unit_in_the_same_run(
+    run_module, demo_plan, demo
+):
+    # The plan waits for classify's 1g.10gb instance. The render apply writes the instances the
+    # MIG layer creates into the snapshot, re-plans from it and starts classify in this run with
+    # the rendered MIG-device UUID; the second run changes nothing.
+    host_vars = yaml.safe_load(HOST_VARS.read_text())
+    (classify,) = [p for p in demo_plan["placements"] if p["name"] == "classify"]
+    assert classify["waits_for"]
+    replan = {
+        "sysfs_root": f"{demo['fsroot']}/sys",
+        "procfs_root": f"{demo['fsroot']}/proc",
+        "gpu_snapshot": f"{demo['fsroot']}/gpu-snapshot.json",
+        "placements": host_vars["numafleet_placements"],
+        "tenants": host_vars["numafleet_tenants"],
+        "policy": {
+            "reserved_cpus": host_vars["numafleet_reserved_cpus"],
+            "memory_headroom_pct": host_vars["numafleet_memory_headroom_pct"],
+        },
+        "mig_gpus": host_vars["numafleet_mig_gpus"],
+    }
+    first = run_module("host_apply", apply_args(demo, demo_plan, replan=replan))
+    assert not first["failed"], first["msg"]
+    assert first["layers"]["mig"]["snapshot_written"]
+    (again,) = [p for p in first["plan"]["placements"] if p["name"] == "classify"]
+    assert again["waits_for"] is None
+    device = next(
+        d["device_uuid"]
+        for d in first["mig_devices"]
+        if d["profile"] == "1g.10gb" and d["placement_start"] == 2
+    )
+    assert device.startswith("MIG-")
+    unit = Path(demo["root"], "etc/systemd/system/numafleet-classify.service").read_text()
+    assert f'Environment="CUDA_VISIBLE_DEVICES={device}"' in unit
+    assert "systemctl enable --now numafleet-classify.service" in first["would_run"]
+    assert not [line for line in first["would_run"] if "waits for MIG instance" in line]
+    assert first["summary"].endswith(
+        "; re-planned after the MIG layout changed; 1 started once its MIG instance existed "
+        "(classify)"
+    )
+    second = run_module("host_apply", apply_args(demo, first["plan"], replan=replan))
+    assert not second["failed"], second["msg"]
+    assert second["changed"] is False
 
 
 def test_replan_failure_names_the_host_and_the_fix(demo_plan, demo):

@@ -14,16 +14,22 @@ if str(UNIT) not in sys.path:
     sys.path.insert(0, str(UNIT))
 import fake_nvml as fake  # noqa: E402
 
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import mig_nvml  # noqa: E402
+
 SNAPSHOT = UNIT / "fixtures" / "gpu_snapshots" / "synthetic-2x6338-4xa100.json"
 
 
 def render_args(tmp_path):
+    """Render mode writes into the snapshot (the recording): a scratch copy of the fixture."""
+    snapshot = tmp_path / "gpu-snapshot.json"
+    if not snapshot.exists():
+        snapshot.write_text(SNAPSHOT.read_text())
     return {
         "gpus": [
             {"gpu": "0000:17:00.0", "layout": [{"profile": "7g.80gb"}]},
             {"gpu": "31:00.0", "mode": "disabled"},
         ],  # fmt: skip
-        "snapshot": str(SNAPSHOT),
+        "snapshot": str(snapshot),
         "root": str(tmp_path / "root"),
         "service_manager": "none",
     }
@@ -43,14 +49,59 @@ def test_render_mode_check_apply_again(run_module, tmp_path):
     ]
     assert (tmp_path / "root/etc/systemd/system/numafleet-mig.service").is_file()
     assert '"7g.80gb": 1' in (tmp_path / "root/etc/numafleet/mig-parted.yaml").read_text()
-    again = run_module("nvidia_mig", args)
     assert applied["would_run"][-2:] == [
         "systemctl daemon-reload",
         "systemctl enable numafleet-mig.service",
     ]
-    # The recorded GPUs never change: the second run still reports what the real host needs,
-    # but the unit is unchanged, so no systemctl line.
-    assert not again["changed"] and again["would_run"] == applied["would_run"][:-2]
+    # Render mode wrote what it did into the snapshot (the recording): the new instance is
+    # there, marked rendered, with a synthetic MIG-device UUID that the result reports too.
+    assert applied["snapshot_written"] and applied["gpu_changed"]
+    recorded = json.loads((tmp_path / "gpu-snapshot.json").read_text())
+    (gpu,) = [g for g in recorded["gpus"] if g["address"] == "0000:17:00.0"]
+    (gi,) = gpu["mig"]["gpu_instances"]
+    assert (gi["profile_name"], gi["placement_start"], gi["rendered"]) == ("7g.80gb", 0, True)
+    assert gi["mig_device_uuid"] == gi["compute_instances"][0]["mig_device_uuid"]
+    assert gi["mig_device_uuid"] == mig_nvml.rendered_device_uuid(gpu["uuid"], "", gi["id"], 0)
+    device = next(d for d in applied["mig_devices"] if d["gpu_address"] == "0000:17:00.0")
+    assert device["device_uuid"] == gi["mig_device_uuid"]
+    # The second run reads the rendered instance: nothing to do, nothing written.
+    before = (tmp_path / "gpu-snapshot.json").read_bytes()
+    again = run_module("nvidia_mig", args, diff=True)
+    assert not again["changed"] and not again["snapshot_written"]
+    assert not [line for line in again["would_run"] if "0000:17:00.0" in line]
+    assert not [d for d in again["diff"] if d["before_header"] == "GPU 0000:17:00.0"]
+    assert (tmp_path / "gpu-snapshot.json").read_bytes() == before
+
+
+def test_render_mode_keeps_a_mode_change_pending_until_a_reset(run_module, tmp_path):
+    # An A100 (Ampere) applies a MIG mode change only after a GPU reset: without reset_ok the
+    # snapshot gets mode_pending enabled and no instance, as the driver shows it; the layer's
+    # drift says it is pending, and the second run changes nothing.
+    args = dict(
+        render_args(tmp_path), gpus=[{"gpu": "0000:31:00.0", "layout": [{"profile": "3g.40gb"}]}]
+    )
+    applied = run_module("nvidia_mig", args)
+    assert not applied.get("failed"), applied.get("msg")
+    assert applied["snapshot_written"] and applied["reset_required"]
+    recorded = json.loads((tmp_path / "gpu-snapshot.json").read_text())
+    (gpu,) = [g for g in recorded["gpus"] if g["address"] == "0000:31:00.0"]
+    assert gpu["mig"]["mode_current"] == "disabled"
+    assert gpu["mig"]["mode_pending"] == "enabled"
+    assert not gpu["mig"]["gpu_instances"]
+    assert applied["mig_devices"] == []
+    again = run_module("nvidia_mig", args)
+    assert not again["changed"] and not again["snapshot_written"] and again["reset_required"]
+
+
+def test_render_mode_never_writes_through_a_link(run_module, tmp_path):
+    args = render_args(tmp_path)
+    link = tmp_path / "link.json"
+    link.symlink_to(tmp_path / "gpu-snapshot.json")
+    before = (tmp_path / "gpu-snapshot.json").read_bytes()
+    result = run_module("nvidia_mig", dict(args, snapshot=str(link)))
+    assert result["failed"] and "is a symbolic link; it is never written through" in result["msg"]
+    assert (tmp_path / "gpu-snapshot.json").read_bytes() == before
+    assert link.is_symlink()
 
 
 def test_nvml_backend_apply_and_rerun(run_module, tmp_path, monkeypatch):
@@ -124,9 +175,7 @@ def test_files_of_a_layout_no_longer_declared_are_removed(run_module, tmp_path):
     written = sorted(
         p.name for p in (tmp_path / "root").rglob("*") if p.is_file() and p.name != "apply.lock"
     )
-    # mig-layouts.json: render mode's record of the snapshot layout it could not make
     assert written == [
-        "mig-layouts.json",
         "mig-parted.yaml",
         "mig.json",
         "numafleet-mig",

@@ -344,8 +344,52 @@ def test_checks_are_recorded_only_as_mappings():
             ],
         ),
         ([{"before": "same\n", "after": "same\n"}], []),
+        (
+            # The MIG layer: a GPU instance removed from the recording, to be created again.
+            {
+                "before_header": "GPU 0000:17:00.0",
+                "before": "mode enabled\n2g.20gb@0 (GI 3, CI 0 2g.20gb)\n",
+                "after": "mode enabled\n2g.20gb@0 (GI 3, CI 0 2g.20gb)\n"
+                "3g.40gb@4 (GI new, CI new 3g.40gb)\n",
+            },
+            [
+                {
+                    "path_or_header": "GPU 0000:17:00.0",
+                    "state": "update",
+                    "added": 1,
+                    "removed": 0,
+                    "settings": ["GPU 0000:17:00.0 3g.40gb@4"],
+                }
+            ],
+        ),
+        (
+            {
+                "before_header": "GPU 0000:31:00.0",
+                "before": "mode disabled\n",
+                "after": "mode disabled (pending enabled)\n",
+            },
+            [
+                {
+                    "path_or_header": "GPU 0000:31:00.0",
+                    "state": "update",
+                    "added": 1,
+                    "removed": 1,
+                    "settings": ["GPU 0000:31:00.0 MIG mode"],
+                }
+            ],
+        ),
     ],
-    ids=["none", "empty", "settings", "removed-file", "dicts", "prepared", "no-change"],
+    ids=[
+        "none",
+        "empty",
+        "settings",
+        "removed-file",
+        "dicts",
+        "prepared",
+        "no-change",
+        "mig",
+        "mig-mode",
+    ],  # fmt: skip
 )
 def test_diff_changes(diff, want):
     assert diff_changes(diff) == want

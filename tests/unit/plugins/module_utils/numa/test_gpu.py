@@ -1071,3 +1071,21 @@ def test_snapshot_out_is_never_written_through_a_link_and_has_mode_0644(tmp_path
         os.umask(old)
     assert theirs.read_text() == "theirs\n" and not target.is_symlink()
     assert target.stat().st_mode & 0o777 == 0o644
+
+
+def test_a_gpu_instance_may_be_marked_rendered_and_nothing_else():
+    # "rendered": a render-mode apply made it in the recording (mig_nvml.render_into_snapshot);
+    # older snapshots lack the key, which is fine, and only true/false is accepted.
+    doc = good_doc()
+    instance = doc["gpus"][0]["mig"]["gpu_instances"][0]
+    assert "rendered" not in instance
+    gpu.parse_snapshot(json.dumps(doc), "/srv/host.json")
+    instance["rendered"] = True
+    state = gpu.parse_snapshot(json.dumps(doc), "/srv/host.json")
+    assert state.gpus["0000:17:00.0"]["mig"]["gpu_instances"][0]["rendered"] is True
+    instance["rendered"] = "yes"
+    with pytest.raises(SnapshotError) as err:
+        gpu.parse_snapshot(json.dumps(doc), "/srv/host.json")
+    assert "gpus[0].mig.gpu_instances[0].rendered must be true or false, not a string" in str(
+        err.value
+    )

@@ -416,6 +416,24 @@ def test_render_mode_skips_runtime_checks_and_runs_the_static_one():
     )
 
 
+def test_render_mode_warns_for_a_waiting_placement_and_the_summary_says_so():
+    # Not started in render mode either: running warns with the reason, never a plain skip.
+    gpus = [{"address": GPU, "uuid": "GPU-1", "node": 0, "mig": {"profile": "1g.10gb"}}]
+    plan = make_plan(placement(gpus=gpus, waits_for=WAITS))
+    checks = verify.evaluate(HOST, plan, None, render_mode=True, current_files={})
+    check = pick(checks, "running", "embed")
+    why = (
+        "waits for MIG instance 1g.10gb at slice 2 of GPU 0000:17:00.0: mode change pending a reset"
+    )
+    assert (check.status, check.detail) == ("warn", why)
+    assert check.message.startswith("numafleet-embed.service is not started: it waits for")
+    rest = [c for c in checks if c.subject == "embed" and c.check != "running"]
+    assert rest and {(c.status, c.detail) for c in rest} == {("skipped", why)}
+    line = verify.summary_line(HOST, checks)
+    assert "; 1 waiting for a MIG instance (embed)" in line
+    assert f"WARN running embed {why}" in line
+
+
 def test_live_mode_needs_a_measurement():
     with pytest.raises(VerifyError) as err:
         verify.evaluate(HOST, make_plan(), None)

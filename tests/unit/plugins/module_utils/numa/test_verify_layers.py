@@ -193,7 +193,13 @@ def test_mig_drift_compares_mode_and_instances_by_profile_and_start():
             "pending": False,
         }
     ]
-    assert layers.mig_drift(result, render=True)[0]["pending"] is True
+    # Render mode writes its changes into the snapshot, so a difference is drift there too;
+    # only a mode change waiting for a GPU reset is pending.
+    assert layers.mig_drift(result, render=True)[0]["pending"] is False
+    waiting = dict(result, gpus=[{"address": "0000:17:00.0", "reset_required": True}])
+    (entry,) = layers.mig_drift(waiting, render=True)
+    assert entry["pending"] is True
+    assert entry["reason"].startswith("the MIG mode change is pending until the GPU is reset")
 
 
 def test_mps_drift_names_the_daemon_and_the_setting():
@@ -215,37 +221,11 @@ def test_mps_drift_names_the_daemon_and_the_setting():
     ]
 
 
-def test_render_mode_tells_a_changed_snapshot_from_a_pending_layout(tmp_path):
-    from ansible_collections.numafleet.tuning.plugins.module_utils.numa import mig_nvml
-
-    root = str(tmp_path)
-    setting = "GPU 0000:17:00.0 MIG layout"
-    pending = {"setting": setting, "planned": "mode enabled; 1g.10gb@2, 3g.40gb@4",
-               "actual": "mode enabled; 2g.20gb@2, 3g.40gb@4", "reason": "render mode",
-               "pending": True}  # fmt: skip
-    assert mig_nvml.read_layout_recording(root) == {}
-    assert mig_nvml.settle_render_drift([pending], {}) == [pending]  # first render: pending
-    mig_nvml.write_layout_recording(root, [pending])
-    recorded = mig_nvml.read_layout_recording(root)
-    assert recorded == {setting: "mode enabled; 2g.20gb@2, 3g.40gb@4"}
-    assert mig_nvml.settle_render_drift([pending], recorded) == [pending]  # unchanged snapshot
-
-    changed = dict(pending, actual="mode enabled; 3g.40gb@4")  # a GI went from the snapshot
-    (settled,) = mig_nvml.settle_render_drift([changed], recorded)
-    assert settled["pending"] is False
-    assert (
-        "changed since the last apply (was mode enabled; 2g.20gb@2, 3g.40gb@4)"
-        in (settled["reason"])
-    )
+def test_mig_drift_fails_the_mig_layout_check():
+    drift = {"setting": "GPU 0000:17:00.0 MIG layout", "planned": "mode enabled; 3g.40gb@4",
+             "actual": "mode enabled; no instances", "reason": "", "pending": False}  # fmt: skip
     check = verify.layer_checks("h", {"mig": {"gpus": [{"address": "0000:17:00.0"}],
-                                              "drift": [settled]}})  # fmt: skip
+                                              "drift": [drift]}})  # fmt: skip
     assert [(c.check, c.status) for c in check if c.check == "mig_layout"] == [
         ("mig_layout", "fail")
     ]
-    # site.yml renders again: the changed snapshot is the new baseline, later changes still show
-    mig_nvml.write_layout_recording(root, [settled])
-    recorded = mig_nvml.read_layout_recording(root)
-    assert recorded == {setting: "mode enabled; 3g.40gb@4"}
-    assert mig_nvml.settle_render_drift([changed], recorded) == [changed]
-    mig_nvml.write_layout_recording(root, [])  # no pending GPU left: the recording goes
-    assert mig_nvml.read_layout_recording(root) == {}
