@@ -18,7 +18,7 @@ attributes:
 """
 
     # The collection's action plugins that run on the controller only (no module is sent):
-    # numa_plan, host_vars_check, numa_verify, verify_report.
+    # numa_plan, host_vars_check, numa_verify, verify_report, drift_report.
     CONTROLLER_ACTION = r"""
 options: {}
 attributes:
@@ -32,6 +32,25 @@ attributes:
     support: none
   connection:
     support: none
+"""
+
+    # The controller actions that write a report per run (verify_report, drift_report).
+    CONTROLLER_REPORT = r"""
+options: {}
+attributes:
+  check_mode:
+    support: full
+    details: The report is the output of the run and is written on the controller in check mode too.
+  delegation:
+    support: none
+    details: The files are always written on the controller.
+  diff_mode:
+    support: none
+  idempotent:
+    support: none
+    details: Every run writes a new report; the task still reports no change, as nothing on a host changed.
+  platform:
+    platforms: all
 """
 
     FACTS_MODULE = r"""

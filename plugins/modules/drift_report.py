@@ -133,20 +133,7 @@ extends_documentation_fragment:
   - action_common_attributes.flow
   - numafleet.tuning._attributes
   - numafleet.tuning._attributes.controller_action
-attributes:
-  check_mode:
-    support: full
-    details: The report is the output of the run and is written on the controller in check mode too.
-  delegation:
-    support: none
-    details: The files are always written on the controller.
-  diff_mode:
-    support: none
-  idempotent:
-    support: none
-    details: Every run writes a new run directory; the task still reports no change, as nothing on a host changed.
-  platform:
-    platforms: all
+  - numafleet.tuning._attributes.controller_report
 notes:
   - The task returns C(changed=false), because no managed host changes.
 seealso:
