@@ -17,7 +17,7 @@ from typing import Optional
 
 from . import gpu as gpumod
 from .errors import MigBackendError, MigError
-from .files import read_text, remove_file, write_file
+from .files import read_text, write_file
 from .mig import (
     BOOT_PROGRAM,
     CI_PROFILE_IDS,
@@ -568,7 +568,6 @@ def run(params: dict, check_mode: bool, runner, which, load_nvml) -> dict:
     rendered = False
     if render and requests and not check_mode:
         rendered = render_into_snapshot(params["snapshot"], outcome)
-        remove_layout_recording(root)
         if rendered:
             after = converge(SnapshotBackend(params["snapshot"]), requests, Host(), render=True)
             outcome = Outcome(
@@ -667,9 +666,7 @@ def run(params: dict, check_mode: bool, runner, which, load_nvml) -> dict:
 # GPU instance id, compute instance 0 and a synthetic MIG-device UUID (version-5 UUID of the GPU
 # UUID, GI id and CI id in RENDERED_UUID_NAMESPACE) and are marked ``"rendered": true``. A mode
 # change that needs a GPU reset stays pending (mode_pending) with the instances untouched, as the
-# driver keeps it until the reset. Earlier releases recorded the snapshot's layouts in
-# LAYOUT_RECORDING_PATH instead; a render apply removes that file.
-LAYOUT_RECORDING_PATH = "/var/lib/numafleet/render/mig-layouts.json"
+# driver keeps it until the reset.
 RENDERED_UUID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_OID, "numafleet.tuning render mode MIG device")
 
 
@@ -678,10 +675,6 @@ def rendered_device_uuid(gpu_uuid: Optional[str], address: str, gi_id: int, ci_i
     same GPU (UUID, else PCI address), GI id and CI id always give the same UUID."""
     name = f"{gpu_uuid or address}/{gi_id}/{ci_id}"
     return f"MIG-{uuid.uuid5(RENDERED_UUID_NAMESPACE, name)}"
-
-
-def _fail_layouts(path: str, reason: str) -> MigError:
-    return MigError(f"{path}: {reason}; remove it by hand")
 
 
 def _rendered_instances(item, mig: dict, uuid_of_gpu: Optional[str]) -> list:
@@ -765,9 +758,3 @@ def render_into_snapshot(path: str, outcome: Outcome) -> bool:
     directory, name = os.path.split(os.path.abspath(path))
     write_file(directory, name, text, 0o644, _fail_snapshot)
     return True
-
-
-def remove_layout_recording(root: str) -> None:
-    """Remove LAYOUT_RECORDING_PATH below ``root`` (what an earlier release wrote), if there."""
-    if read_text(root, LAYOUT_RECORDING_PATH, _fail_layouts, link_as_absent=True) is not None:
-        remove_file(root, LAYOUT_RECORDING_PATH, _fail_layouts)
