@@ -14,12 +14,10 @@ from __future__ import annotations
 import os
 from datetime import datetime, timezone
 
-from ansible.errors import AnsibleError
-
 from ansible_collections.numafleet.tuning.plugins.plugin_utils import _drift_report
 from ansible_collections.numafleet.tuning.plugins.plugin_utils._controller import (
     ControllerAction,
-    plain,
+    registered,
 )
 from ansible_collections.numafleet.tuning.plugins.plugin_utils._reports import (
     default_report_dir,
@@ -86,16 +84,6 @@ class ActionModule(ControllerAction):
     def _now(self) -> datetime:
         return datetime.now(timezone.utc)
 
-    def _registered(self, hostvars, host: str, name):
-        """The plain value of variable ``name`` of ``host``, or None when unset or broken."""
-        if not name or host not in hostvars:
-            return None
-        try:
-            value = plain(hostvars[host].get(name))
-        except AnsibleError:  # an undefined or broken registered value
-            return None
-        return value if isinstance(value, dict) else None
-
     def run(self, tmp=None, task_vars=None):
         task_vars = task_vars or {}
         result, dummy, args = self.start(tmp, task_vars)
@@ -128,17 +116,17 @@ class ActionModule(ControllerAction):
         for host in sorted(str(h) for h in hosts):
             unreachable = None
             for task, name in (args["connect_vars"] or {}).items():
-                found = self._registered(hostvars, host, name)
+                found = registered(hostvars, host, name)
                 if found and found.get("unreachable"):
                     unreachable = {"task": str(task), "msg": found.get("msg")}
                     break
             _drift_report.add_host(
                 run,
                 host,
-                plan=self._registered(hostvars, host, args["plan_var"]),
-                apply=self._registered(hostvars, host, args["apply_var"]),
-                verify=self._registered(hostvars, host, args["verify_var"]),
-                failure=self._registered(hostvars, host, args["failure_var"]),
+                plan=registered(hostvars, host, args["plan_var"]),
+                apply=registered(hostvars, host, args["apply_var"]),
+                verify=registered(hostvars, host, args["verify_var"]),
+                failure=registered(hostvars, host, args["failure_var"]),
                 unreachable=unreachable,
                 apply_task=args["apply_task"],
             )

@@ -13,13 +13,12 @@ import json
 import os
 from datetime import datetime, timezone
 
-from ansible.errors import AnsibleError
-
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa import verify
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import NumaTuneError
 from ansible_collections.numafleet.tuning.plugins.plugin_utils._controller import (
     ControllerAction,
     plain,
+    registered,
 )
 from ansible_collections.numafleet.tuning.plugins.plugin_utils._reports import (
     default_report_dir,
@@ -127,17 +126,9 @@ class ActionModule(ControllerAction):
         name = args["result_var"]
         checks, measured, missing = [], {}, []
         for host in sorted(str(h) for h in hosts):
-            try:
-                found = plain(hostvars[host].get(name)) if host in hostvars else None
-            except AnsibleError:  # an undefined or broken registered value: not verified
-                found = None
-            failure = None
-            if args["failure_var"] and host in hostvars:
-                try:
-                    failure = plain(hostvars[host].get(args["failure_var"]))
-                except AnsibleError:
-                    failure = None
-            if isinstance(found, dict) and isinstance(found.get("checks"), list):
+            found = registered(hostvars, host, name)  # None: not verified
+            failure = registered(hostvars, host, args["failure_var"])
+            if found is not None and isinstance(found.get("checks"), list):
                 checks.extend(found["checks"])
                 if isinstance(found.get("measured"), dict):
                     measured[host] = found["measured"]

@@ -3,7 +3,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Private to this collection: shared base of the controller-side action plugins.
 
-numa_plan, numa_verify and verify_report run on the controller only (no module is sent) and feed
+numa_plan, numa_verify, verify_report and drift_report run on the controller only (no module is sent) and feed
 plain Python data to the pure core in ``module_utils/numa``.
 """
 
@@ -52,6 +52,19 @@ class ControllerAction(ActionBase):
         except AnsibleActionFail as exc:
             raise AnsibleActionFail(f"host {host}: {self.NAME}: {exc.message}") from None
         return result, host, args
+
+
+def registered(hostvars, host: str, name):
+    """The plain value (a dict) that ``host`` registered as variable ``name`` in ``hostvars``, or
+    None when ``name`` is empty, the host is unknown, or the value is not a dict, undefined or
+    broken (a task that never ran on the host, a host that failed before it)."""
+    if not name or host not in hostvars:
+        return None
+    try:
+        value = plain(hostvars[host].get(name))
+    except AnsibleError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 # Characters a message shows escaped: C0/C1 controls (newline, NUL, NEL...) and the Unicode line
