@@ -18,11 +18,11 @@ from ansible.plugins.action import ActionBase
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.effective import (
     override_message,
 )
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import escape_controls
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.recorded import state_digest
 from ansible_collections.numafleet.tuning.plugins.plugin_utils import _apply_args, _plan_inputs
 from ansible_collections.numafleet.tuning.plugins.plugin_utils._controller import (
     HostVariables,
-    escape_controls,
     plain,
 )
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleError
 
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import escape_controls
 from ansible_collections.numafleet.tuning.plugins.plugin_utils import _host_vars
 from ansible_collections.numafleet.tuning.plugins.plugin_utils._controller import (
     ControllerAction,
-    escape_controls,
     plain,
 )
 

@@ -19,6 +19,7 @@ from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors impor
     NumaTuneError,
     PlanError,
     UnitRenderError,
+    escape_controls,
 )
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.planner import (
     parse_recorded,
@@ -30,7 +31,6 @@ from ansible_collections.numafleet.tuning.plugins.plugin_utils import _apply_arg
 from ansible_collections.numafleet.tuning.plugins.plugin_utils._controller import (
     ControllerAction,
     HostVariables,
-    escape_controls,
     plain,
 )
 

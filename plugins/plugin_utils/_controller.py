@@ -9,7 +9,6 @@ plain Python data to the pure core in ``module_utils/numa``.
 
 from __future__ import annotations
 
-import unicodedata
 from collections.abc import Mapping
 
 from ansible.errors import AnsibleActionFail, AnsibleError
@@ -65,24 +64,6 @@ def registered(hostvars, host: str, name):
     except AnsibleError:
         return None
     return value if isinstance(value, dict) else None
-
-
-# Characters a message shows escaped: C0/C1 controls (newline, NUL, NEL...) and the Unicode line
-# and paragraph separators, which would break a message line or hide the real value.
-_SHOWN_ESCAPED = ("Cc", "Zl", "Zp")
-
-
-def escape_controls(text: str) -> str:
-    """text with its control characters and line separators written as escapes (\\n, \\x85)."""
-    if text.isprintable():
-        return text
-    out = []
-    for char in text:
-        if unicodedata.category(char) in _SHOWN_ESCAPED:
-            out.append(repr(char)[1:-1] if char != "'" else char)
-        else:
-            out.append(char)
-    return "".join(out)
 
 
 class HostVariables(Mapping):

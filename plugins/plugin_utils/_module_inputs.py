@@ -28,8 +28,10 @@ from ansible_collections.numafleet.tuning.plugins.module_utils.numa import (
     mps,
     units,
 )
-from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import NumaTuneError
-from ansible_collections.numafleet.tuning.plugins.plugin_utils._controller import escape_controls
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import (
+    NumaTuneError,
+    escape_controls,
+)
 
 FIX = "Fix the variable; nothing was changed."
 # The module option, for each apply module, -> (role input, host variable site.yml reads for it

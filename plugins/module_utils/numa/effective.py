@@ -63,13 +63,12 @@ import os
 import posixpath
 import re
 import stat
-import unicodedata
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from . import files
 from .cpulist import format_cpulist, parse_cpulist
-from .errors import NumaTuneError
+from .errors import NumaTuneError, escape_controls
 
 SYSTEM_UNIT_PATH = (
     "/etc/systemd/system.control",
@@ -151,23 +150,17 @@ _DEV_NULL = "/dev/null"
 _READ_LIMIT = 1 << 20
 _MAX_LINKS = 40  # systemd's and the kernel's limit of links followed in one path (ELOOP)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_SHOWN_ESCAPED = ("Cc", "Zl", "Zp")
 
 
 def escape_text(text: str) -> str:
-    """``text`` with control characters and line separators escaped (``\\x00``, ``\\n``), and
-    bytes that were not UTF-8 (``decode``) as ``\\xff``."""
-    if text.isprintable():
-        return text
-    out = []
-    for char in text:
-        if 0xDC80 <= ord(char) <= 0xDCFF:
-            out.append(f"\\x{ord(char) - 0xDC00:02x}")
-        elif unicodedata.category(char) in _SHOWN_ESCAPED:
-            out.append(repr(char)[1:-1])
-        else:
-            out.append(char)
-    return "".join(out)
+    """``text`` with control characters and line separators escaped (``\\x00``, ``\\n``;
+    ``errors.escape_controls``), and bytes that were not UTF-8 (``decode``) as ``\\xff``."""
+    if any(0xDC80 <= ord(char) <= 0xDCFF for char in text):
+        text = "".join(
+            f"\\x{ord(char) - 0xDC00:02x}" if 0xDC80 <= ord(char) <= 0xDCFF else char
+            for char in text
+        )
+    return escape_controls(text)
 
 
 def decode(data: bytes) -> str:

@@ -1,6 +1,26 @@
 # Private to this collection: may change in any release.
 from __future__ import annotations
 
+import unicodedata
+
+# Characters a message shows escaped: C0/C1 controls (newline, NUL, NEL...) and the Unicode line
+# and paragraph separators, which would break a message line or hide the real value.
+_SHOWN_ESCAPED = ("Cc", "Zl", "Zp")
+
+
+def escape_controls(text: str) -> str:
+    """text with its control characters and line separators written as escapes (\\n, \\x85), for
+    messages: the controller's (plan inputs, host variables) and the modules' (foreign files)."""
+    if text.isprintable():
+        return text
+    out = []
+    for char in text:
+        if unicodedata.category(char) in _SHOWN_ESCAPED:
+            out.append(repr(char)[1:-1] if char != "'" else char)
+        else:
+            out.append(char)
+    return "".join(out)
+
 
 class NumaTuneError(Exception):
     """Base of every error the collection raises; str(exc) is a complete message for the user."""
