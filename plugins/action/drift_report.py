@@ -21,7 +21,7 @@ from ansible_collections.numafleet.tuning.plugins.plugin_utils._controller impor
 )
 from ansible_collections.numafleet.tuning.plugins.plugin_utils._reports import (
     default_report_dir,
-    installed_collection_holding,
+    inside_collection_problem,
 )
 
 ARGUMENT_SPEC = dict(
@@ -92,17 +92,14 @@ class ActionModule(ControllerAction):
         if problem:
             result.update(failed=True, msg=f"{self.NAME}: {problem}")
             return result
-        inside = installed_collection_holding(folder)
-        if inside:
-            result.update(
-                failed=True,
-                msg=(
-                    f"{self.NAME}: the drift report directory {folder} (from {source}) lies inside "
-                    f"the installed collection {inside}; run ansible-playbook from your own "
-                    "project directory (reports go to <cwd>/reports/drift) or set "
-                    "numafleet_report_dir to a directory of your project"
-                ),
-            )
+        problem = inside_collection_problem(
+            f"the drift report directory {folder} (from {source})",
+            folder,
+            "numafleet_report_dir",
+            "reports go to <cwd>/reports/drift",
+        )
+        if problem:
+            result.update(failed=True, msg=f"{self.NAME}: {problem}")
             return result
 
         hosts = args["hosts"]

@@ -22,7 +22,7 @@ from ansible_collections.numafleet.tuning.plugins.plugin_utils._controller impor
 )
 from ansible_collections.numafleet.tuning.plugins.plugin_utils._reports import (
     default_report_dir,
-    installed_collection_holding,
+    inside_collection_problem,
     write_atomic,
 )
 
@@ -83,17 +83,14 @@ class ActionModule(ControllerAction):
                 ),
             )
             return result
-        inside = installed_collection_holding(folder)
-        if inside:
-            result.update(
-                failed=True,
-                msg=(
-                    f"numafleet.tuning.verify_report: the report directory {folder} lies inside "
-                    f"the installed collection {inside}; run ansible-playbook from your own "
-                    "project directory (reports go to <cwd>/reports) or set numafleet_report_dir "
-                    "to a directory of your project"
-                ),
-            )
+        problem = inside_collection_problem(
+            f"the report directory {folder}",
+            folder,
+            "numafleet_report_dir",
+            "reports go to <cwd>/reports",
+        )
+        if problem:
+            result.update(failed=True, msg=f"numafleet.tuning.verify_report: {problem}")
             return result
         paths = {key: os.path.join(folder, FILES[key]) for key in FILES}
         if args["state"] == "absent":

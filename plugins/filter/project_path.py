@@ -7,7 +7,7 @@ import os
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.numafleet.tuning.plugins.plugin_utils._reports import (
-    installed_collection_holding,
+    inside_collection_problem,
 )
 
 
@@ -25,13 +25,11 @@ def project_path(value, name: str = "path") -> str:
             f"numafleet.tuning.project_path: {name} is {value!r}; give a directory path"
         )
     path = os.path.normpath(os.path.join(os.getcwd(), os.path.expanduser(value)))
-    inside = installed_collection_holding(path)
-    if inside is not None:
-        raise AnsibleFilterError(
-            f"numafleet.tuning.project_path: {name} {path} is inside the installed collection "
-            f"{inside}; run ansible-playbook from your project directory or give {name} as a "
-            "directory outside the collection"
-        )
+    problem = inside_collection_problem(
+        f"{name} {path}", path, name, "relative paths are taken from it"
+    )
+    if problem:
+        raise AnsibleFilterError(f"numafleet.tuning.project_path: {problem}")
     return path
 
 

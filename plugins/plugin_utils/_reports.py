@@ -37,17 +37,32 @@ def default_report_dir(cwd: str | None = None) -> str:
     return os.path.join(os.path.abspath(cwd or os.getcwd()), "reports")
 
 
-def installed_collection_holding(path: str, root: str = COLLECTION_ROOT) -> str | None:
-    """The collection's root when ``path`` lies inside an installed copy of it, else None.
+def installed_collection_holding(path: str, root: str | None = None) -> str | None:
+    """The collection's root (``root``, default COLLECTION_ROOT) when ``path`` lies inside an
+    installed copy of it, else None.
 
     An installed collection (``ansible-galaxy collection install``) has a MANIFEST.json at its
     root; a source checkout has none, and its ``reports/`` is git-ignored and never built.
     Links are resolved on both sides.
     """
-    real_root = os.path.realpath(root)
+    real_root = os.path.realpath(root or COLLECTION_ROOT)
     if not os.path.isfile(os.path.join(real_root, "MANIFEST.json")):
         return None
     real = os.path.realpath(path)
     if real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep):
         return real_root
     return None
+
+
+def inside_collection_problem(what: str, path: str, variable: str, default: str) -> str:
+    """'' when ``path`` (a controller directory the run writes) lies outside the installed
+    collection, else the message refusing it: ``what`` names the directory (with where it came
+    from), ``variable`` the host variable that moves it, ``default`` where it goes by default.
+    Runtime output never lands inside an installed collection."""
+    inside = installed_collection_holding(path)
+    if inside is None:
+        return ""
+    return (
+        f"{what} lies inside the installed collection {inside}; run ansible-playbook from your own "
+        f"project directory ({default}) or set {variable} to a directory of your project"
+    )

@@ -8,7 +8,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from ansible_collections.numafleet.tuning.plugins.action import drift_report as drift_action
 from ansible_collections.numafleet.tuning.plugins.action.drift_report import (
     ActionModule as DriftAction,
 )
@@ -123,11 +122,7 @@ def test_a_directory_inside_the_installed_collection_is_refused(project, monkeyp
     installed = project / "collections" / "ansible_collections" / "numafleet" / "tuning"
     installed.mkdir(parents=True)
     (installed / "MANIFEST.json").write_text("{}")
-    monkeypatch.setattr(
-        drift_action,
-        "installed_collection_holding",
-        lambda path: _reports.installed_collection_holding(path, str(installed)),
-    )
+    monkeypatch.setattr(_reports, "COLLECTION_ROOT", str(installed))
     monkeypatch.chdir(installed)  # ansible-playbook run from inside the installed collection
     result = run_action(DriftAction, NAME, ARGS, fleet_vars())
     assert result["failed"] is True

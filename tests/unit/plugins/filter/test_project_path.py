@@ -31,11 +31,7 @@ def test_a_path_inside_an_installed_collection_is_refused(tmp_path, monkeypatch)
     root = tmp_path / "ansible_collections" / "numafleet" / "tuning"
     (root / "playbooks").mkdir(parents=True)
     (root / "MANIFEST.json").write_text("{}")
-    monkeypatch.setattr(
-        module,
-        "installed_collection_holding",
-        lambda path: module_reports.installed_collection_holding(path, str(root)),
-    )
+    monkeypatch.setattr(module_reports, "COLLECTION_ROOT", str(root))
     monkeypatch.chdir(root / "playbooks")
     with pytest.raises(AnsibleFilterError, match="inside the installed collection"):
         module.project_path("captures", "numafleet_capture_dir")
