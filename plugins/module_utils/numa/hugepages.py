@@ -22,6 +22,7 @@ from typing import Callable, Optional
 
 from . import files
 from .errors import NumaTuneError, UnitRenderError
+from .osrelease import read_osrelease
 from .sysfs import Reader
 from .units import FileChange, under_root
 from .units import escape_path as unit_path_value
@@ -766,14 +767,25 @@ def parse_kernel_release(text: str) -> tuple:
 
 
 def read_kernel_release(procfs_root: str) -> tuple:
-    """(major, minor) from <procfs_root>/sys/kernel/osrelease; raises HugepageError."""
+    """(major, minor) from <procfs_root>/sys/kernel/osrelease, else <procfs_root>/version (as
+    numa_facts reads kernel.osrelease, see osrelease.read_osrelease); raises HugepageError."""
     path = os.path.join(procfs_root, "sys", "kernel", "osrelease")
     reader = Reader("", procfs_root)
-    release = reader.parsed(path, parse_kernel_release)
+    text, dummy = read_osrelease(reader)
+    release = None
+    if text is not None:
+        try:
+            release = parse_kernel_release(text)
+        except ValueError as exc:
+            reader.warn(path, f"malformed: {exc}")
     if release is None:
+        if not reader.warnings:
+            reader.warn(path, f"missing (and so is {os.path.join(procfs_root, 'version')})")
         raise HugepageError(
             f"{_reader_problem(reader)}: the kernel release is needed to reserve hugepages at boot "
-            "(boot_reserve_sizes_kb). Point procfs_root at the host's /proc"
+            "(boot_reserve_sizes_kb). Point procfs_root at the host's /proc, or at the proc/ "
+            "directory of a recording made by playbooks/capture_topology.yml (it keeps "
+            "sys/kernel/osrelease)"
         )
     return release
 

@@ -48,6 +48,8 @@ class PciDevice:
     upstream: tuple
     root_port: Optional[str]
     switch: Optional[str]
+    # The numa_node file as read (-1 included); None when it is missing or unreadable.
+    numa_node_raw: Optional[int] = None
 
 
 _device = frozen_builder(PciDevice)
@@ -74,7 +76,9 @@ def classify(class_code: Optional[str], vendor_id: Optional[str]) -> Optional[st
 
 
 def infer_node(numa_node: Optional[int], local_cpus, node_cpus: dict) -> tuple:
-    """(node, source) from sysfs numa_node, else from local CPUs equal to exactly one node's CPUs."""
+    """(node, source) from sysfs numa_node, else from the device's local CPUs: "local_cpulist"
+    when they equal exactly one node's CPUs, "local_cpulist_subset" when they are a proper,
+    non-empty subset of exactly one node's CPUs (and of no other node's); else (None, None)."""
     if numa_node is not None:
         return numa_node, "numa_node"
     if local_cpus:
@@ -82,6 +86,19 @@ def infer_node(numa_node: Optional[int], local_cpus, node_cpus: dict) -> tuple:
         matches = [nid for nid, cpus in node_cpus.items() if cpus and set(cpus) == wanted]
         if len(matches) == 1:
             return matches[0], "local_cpulist"
+        if not matches:
+            return subset_node(wanted, node_cpus)
+    return None, None
+
+
+def subset_node(wanted: set, node_cpus: dict) -> tuple:
+    """(node, "local_cpulist_subset") when the non-empty CPU set ``wanted`` lies inside exactly
+    one node's CPUs, else (None, None). Source: a device's local_cpulist (or local_cpus)."""
+    if not wanted:
+        return None, None
+    holders = [nid for nid, cpus in node_cpus.items() if cpus and wanted.issubset(cpus)]
+    if len(holders) == 1:
+        return holders[0], "local_cpulist_subset"
     return None, None
 
 
@@ -170,6 +187,7 @@ def _read_device(
         upstream=chain,
         root_port=chain[0] if chain else None,
         switch=switch,
+        numa_node_raw=raw_node,
     )
 
 

@@ -16,6 +16,7 @@ from typing import Optional
 
 from .cpulist import format_cpulist
 from .errors import PlacementError, PlanError
+from .packages import crossed_nodes, crossed_warning
 from .placements import (
     GPU_SHORT_ADDRESS,
     HEADROOM_VAR,
@@ -338,7 +339,8 @@ class _Host:
             if not usable:
                 continue
             self.usable[nid] = usable
-            groups = _core_groups(usable, siblings)
+            # Nodes cut across by packages (vNUMA): their sibling lists are not trusted.
+            groups = _core_groups(usable, {} if nid in self.crossed else siblings)
             self.free_groups[nid] = groups
             self.free_cpus[nid] = len(usable)
             self.group_shape[nid] = _group_shape(groups)
@@ -410,6 +412,9 @@ class _Host:
             # (or inferred from its local_cpulist); say so in the plan, not only in the facts.
             if isinstance(finding, dict) and finding.get("kind") == "device_on_missing_node":
                 self.facts_warnings.append(str(finding.get("message")))
+        self.crossed, crossed_packages = crossed_nodes(numa.get("consistency"))
+        if self.crossed:
+            self.facts_warnings.append(crossed_warning(self.crossed, crossed_packages))
         unsure = [cpu for cpu, listed in siblings.items() if listed is None and cpu in self.online]
         if unsure:
             self.facts_warnings.append(
@@ -925,7 +930,7 @@ class _Planner:
             raise PlacementError(
                 state.host,
                 f"{p.where}.near: {label} has unknown NUMA locality (numa_node -1 and its local "
-                "CPUs match no single node), so it gives no node to anchor on; drop near: and "
+                "CPUs lie in no single node), so it gives no node to anchor on; drop near: and "
                 "pin node: N instead if you know the node it is attached to (nodes with CPUs: "
                 f"{', '.join(str(n) for n in state.cpu_nodes)})",
             )

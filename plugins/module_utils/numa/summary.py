@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from .cpulist import format_cpulist
+from .packages import layout_text
 
 
 def _gib(kb) -> str:
@@ -14,7 +15,8 @@ def _gib(kb) -> str:
 
 
 def summarize_topology(numa: dict, gpu_topology=None) -> str:
-    """One line: nodes with their CPUs/memory, CPU counts, hugepages, GPUs with nodes, warnings."""
+    """One line: nodes with their CPUs/memory, the SNC hint, CPU counts, the kernel release,
+    hugepages, GPUs with nodes, warnings."""
     nodes = numa.get("nodes") or []
     parts = []
     for node in nodes:
@@ -25,9 +27,13 @@ def summarize_topology(numa: dict, gpu_topology=None) -> str:
         f"{len(nodes)} node{'s' if len(nodes) != 1 else ''}"
         + ("" if numa.get("numa_enabled", True) else " (no NUMA)"),
         " ".join(parts),
+        layout_text(numa) or "",
         f"cpus online={len(cpus.get('online') or [])} offline={len(cpus.get('offline') or [])}"
         f" isolated={len(cpus.get('isolated') or [])}",
     ]
+    release = (numa.get("kernel") or {}).get("osrelease")
+    if isinstance(release, str) and release:
+        line.append(f"kernel {release}")
     pools = {}
     for node in nodes:
         for pool in node.get("hugepages") or []:

@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Optional
 
+from . import osrelease, packages
 from .cpulist import format_cpulist, parse_cpulist, parse_cpumask
 from .sysfs import Reader
 
@@ -107,6 +108,9 @@ class Topology:
     default_hugepage_size_kb: Optional[int]
     kernel: dict
     consistency: tuple
+    # packages.package_layout: nodes per package (int, or a map by package id) and snc_like.
+    nodes_per_package: object = None
+    snc_like: bool = False
 
 
 _cpu = frozen_builder(Cpu)
@@ -497,6 +501,7 @@ def _kernel_knobs(reader: Reader) -> dict:
         ),
         "thp_enabled": reader.parsed(f"{thp}/enabled", parse_selected, optional=True),
         "thp_defrag": reader.parsed(f"{thp}/defrag", parse_selected, optional=True),
+        **osrelease.kernel_facts(reader),
     }
 
 
@@ -543,19 +548,22 @@ def read_topology(reader: Reader) -> Topology:
     cpu_dir = reader.sys(*CPU_DIR)
     per_cpu = tuple(_read_cpu(reader, cpu_dir, cpu, cpu in online, node_of) for cpu in all_cpus)
     size = meminfo.get("Hugepagesize")
+    package_list = _packages(per_cpu)
     return Topology(
         numa_enabled=numa_enabled,
         node_ids=tuple(node_ids),
         nodes=nodes,
         cpus=sets,
         per_cpu=per_cpu,
-        packages=_packages(per_cpu),
+        packages=package_list,
         hugepages=_read_pools(reader, reader.sys("kernel", "mm", "hugepages"), True)
         if numa_enabled
         else nodes[0].hugepages,
         default_hugepage_size_kb=size,
         kernel=_kernel_knobs(reader),
-        consistency=check_consistency(nodes + offline_dirs, per_cpu, offline_nodes),
+        consistency=check_consistency(nodes + offline_dirs, per_cpu, offline_nodes)
+        + tuple(packages.cross_findings(package_list)),
+        **packages.package_layout(package_list),
     )
 
 

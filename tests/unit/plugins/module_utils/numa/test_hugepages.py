@@ -650,7 +650,7 @@ def test_bootloader_none_returns_the_args_only(fixture_root, tmp_path):
     ("release", "fragment"),
     [
         ("5.15.0-91-generic", "the kernel is 5.15, and per-node boot reservations"),
-        (None, "sys/kernel/osrelease: missing: the kernel release is needed"),
+        (None, "sys/kernel/osrelease: missing (and so is"),
         ("garbage", "is not a kernel release"),
     ],
 )

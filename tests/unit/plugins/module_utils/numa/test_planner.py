@@ -1398,7 +1398,7 @@ NEAR_ERRORS = [
         VM,
         [p("d", cpus=2, near="06:00.0")],
         "host h: numafleet_placements[0] (d).near: GPU 0000:06:00.0 has unknown NUMA locality "
-        "(numa_node -1 and its local CPUs match no single node), so it gives no node to anchor "
+        "(numa_node -1 and its local CPUs lie in no single node), so it gives no node to anchor "
         "on; drop near: and pin node: N instead if you know the node it is attached to (nodes "
         "with CPUs: 0, 1)",
     ),

@@ -172,7 +172,8 @@ PCI_CASES = [
     (1, "2-3", 1, "numa_node"),
     (-1, "2-3", 1, "local_cpulist"),  # unknown, but local CPUs equal exactly node 1
     (-1, "0-3", None, None),  # unknown, local CPUs span both nodes: stays unknown
-    (-1, "2", None, None),  # unknown, local CPUs are a subset only: stays unknown
+    (-1, "2", 1, "local_cpulist_subset"),  # unknown, local CPUs inside node 1 only (#22)
+    (-1, "1-2", None, None),  # unknown, local CPUs inside no one node: stays unknown
     (0, "0-3", 0, "numa_node"),  # sysfs wins over local CPUs
 ]
 
