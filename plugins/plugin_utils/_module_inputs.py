@@ -129,7 +129,7 @@ def _text(value, what: str) -> str:
     return value
 
 
-def _hugepages_checks(args: dict, offered_kb) -> list:
+def _hugepages_checks(args: dict, offered_kb, numa_facts=None) -> list:
     def mounts():
         entries = args.get("mounts") or []
         sizes = offered_kb
@@ -149,6 +149,13 @@ def _hugepages_checks(args: dict, offered_kb) -> list:
         ("bootloader", lambda: _choice(args, "bootloader", ("auto", *hugepages.BOOTLOADERS))),
         ("mounts", mounts),
         ("root", lambda: _root(args.get("root", "/"))),
+        # The kernel release of the facts (kernel.osrelease) against the boot reservations.
+        (
+            "boot_reserve_sizes_kb",
+            lambda: hugepages.check_boot_release(
+                args.get("pools") or [], args.get("boot_reserve_sizes_kb") or [], numa_facts
+            ),
+        ),
     ]
 
 
@@ -277,7 +284,7 @@ def problems(module: str, args: dict, host: str, numa_facts=None) -> list:
         return [f"host {host}: {module}: the arguments are {_show(args)}, not a mapping. {FIX}"]
     checks: dict[str, Callable[[], list]] = {
         "numa_hugepages": lambda: _hugepages_checks(
-            args, None if numa_facts is None else offered_sizes_kb(numa_facts)
+            args, None if numa_facts is None else offered_sizes_kb(numa_facts), numa_facts
         ),
         "numa_kernel": lambda: _kernel_checks(args),
         "nvidia_mig": lambda: _mig_checks(args),

@@ -22,7 +22,7 @@ from typing import Callable, Optional
 
 from . import files
 from .errors import NumaTuneError, UnitRenderError
-from .osrelease import read_osrelease
+from .osrelease import read_osrelease, release_tuple
 from .sysfs import Reader
 from .units import FileChange, under_root
 from .units import escape_path as unit_path_value
@@ -798,6 +798,38 @@ def check_kernel(release: tuple, args: list) -> None:
             f"reservations ({' '.join(args)}) need Linux 5.16 or newer. Upgrade the kernel, or "
             "remove the size from boot_reserve_sizes_kb to reserve it at runtime"
         )
+
+
+def check_boot_release(pools, boot_sizes, numa_facts) -> None:
+    """None when ``pools`` put no pages of a ``boot_sizes`` size on the kernel command line, or
+    when the kernel release of ``numa_facts`` (ansible_facts.numa: kernel.osrelease, read from
+    /proc/sys/kernel/osrelease or /proc/version) takes per-node hugepages= (>= 5.16). Facts
+    without the key (gathered by an older release) are left to the module. Raises HugepageError:
+    the release is null, or older than 5.16; the same refusal plan_hugepages makes on the host,
+    made before anything changes.
+    """
+    try:
+        desired = parse_pools(pools)
+        sizes = parse_sizes(list(boot_sizes), "boot_reserve_sizes_kb")
+    except (HugepageError, TypeError):  # refused by the checks of those options themselves
+        return
+    args = kernel_args(desired, sizes)
+    kernel = numa_facts.get("kernel") if isinstance(numa_facts, dict) else None
+    if not args or not isinstance(kernel, dict) or "osrelease" not in kernel:
+        return
+    given = kernel["osrelease"]
+    release = release_tuple(given if isinstance(given, str) else None)
+    if release is None:
+        shown = "null" if given is None else repr(given)
+        raise HugepageError(
+            f"boot_reserve_sizes_kb: the kernel release is unknown (ansible_facts.numa.kernel."
+            f"osrelease is {shown}: neither <procfs_root>/sys/kernel/osrelease nor "
+            f"<procfs_root>/version could be read), and per-node boot reservations "
+            f"({' '.join(args)}) need Linux 5.16 or newer. Gather the facts from the host's /proc "
+            "or a recording made by playbooks/capture_topology.yml, or remove the size from "
+            "boot_reserve_sizes_kb to reserve it at runtime"
+        )
+    check_kernel(release, args)
 
 
 def resolve_bootloader(choice: str, root: str) -> str:

@@ -478,3 +478,47 @@ def test_infer_node_never_raises_and_names_a_holder(local, nodes):
     else:
         assert set(local) and set(local) <= set(nodes[node])
         assert source in ("local_cpulist", "local_cpulist_subset")
+
+
+BOOT_ARGS = {
+    "pools": [{"node": 1, "size_kb": 2048, "count": 4}],
+    "boot_reserve_sizes_kb": [2048],
+    "bootloader": "grub_d",
+    "mounts": [],
+    "root": "/",
+}
+
+
+@pytest.mark.parametrize(
+    ("machine", "release", "want"),
+    [
+        ("128arm-2pa2n8cluster4co", "keep", "the kernel is 5.15, and per-node boot reservations"),
+        (
+            "synthetic-epyc-nps4",
+            "keep",
+            "the kernel release is unknown (ansible_facts.numa.kernel.osrelease is null",
+        ),
+        ("synthetic-epyc-nps4", "6.1.0-50-amd64", None),
+        ("synthetic-epyc-nps4", "drop", None),  # facts of an older release: left to the module
+    ],
+)
+def test_boot_reservation_is_checked_against_the_facts_before_the_gate(machine, release, want):
+    from ansible_collections.numafleet.tuning.plugins.plugin_utils import _module_inputs
+
+    numa = golden(machine)
+    if release == "drop":
+        del numa["kernel"]["osrelease"]
+    elif release != "keep":
+        numa["kernel"]["osrelease"] = release
+    got = _module_inputs.problems("numa_hugepages", dict(BOOT_ARGS), "h", numa)
+    if want is None:
+        assert got == []
+    else:
+        (message,) = got
+        assert message.startswith(
+            "host h: hugepages_boot_reserve (set from numafleet_hugepages_boot_reserve by site.yml"
+        )
+        assert want in message and "(hugepagesz=2M hugepages=1:4)" in message
+    # no pages of a boot size: nothing on the command line, nothing to check
+    runtime = dict(BOOT_ARGS, boot_reserve_sizes_kb=[G1])
+    assert _module_inputs.problems("numa_hugepages", runtime, "h", numa) == []
