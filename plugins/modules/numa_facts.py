@@ -417,6 +417,20 @@ ansible_facts:
               description: Selected value of C(transparent_hugepage/defrag).
               type: str
               sample: madvise
+            osrelease:
+              description:
+                - The running kernel's release, from C(<procfs_root>/sys/kernel/osrelease), else
+                  the first line of C(<procfs_root>/version) (C(Linux version <release> ...)).
+                - V(null) when neither can be read (a malformed file is a warning).
+                - M(numafleet.tuning.topology_capture) records the file used, so boot-time hugepage
+                  reservations render from a recording; numa_plan refuses them before the gate
+                  when the release is unknown or older than 5.16.
+              type: str
+              sample: 6.1.0-18-amd64
+            osrelease_source:
+              description: V(/proc/sys/kernel/osrelease) or V(/proc/version) (as on the host), V(null) with no release.
+              type: str
+              sample: /proc/sys/kernel/osrelease
         consistency:
           description: Findings about the machine itself (not about files).
           type: list
@@ -433,6 +447,12 @@ ansible_facts:
                   planner groups them by their siblings' lists, else one CPU per core.
                 - V(device_on_missing_node) - a PCI device whose C(numa_node) names a node that
                   does not exist (in C(nodes)); its locality is unknown, as for V(-1).
+                - V(nodes_cross_packages) - NUMA nodes and CPU packages cut across each other both
+                  ways (a package spans several nodes and a node spans several packages, from
+                  C(physical_package_id) and the node CPU lists), as a vNUMA guest not lined up
+                  with its sockets presents; C(nodes), C(packages) and C(cpus) name them. The
+                  planner does not trust the SMT siblings there and plans each CPU of those nodes
+                  as a core of its own.
               type: str
             cpus:
               description: CPUs concerned.
@@ -440,6 +460,10 @@ ansible_facts:
               elements: int
             nodes:
               description: Nodes concerned.
+              type: list
+              elements: int
+            packages:
+              description: Packages concerned (C(physical_package_id)); only in V(nodes_cross_packages) findings.
               type: list
               elements: int
             message:
@@ -490,7 +514,10 @@ ansible_facts:
               description: The node to use for placement, or V(null) when unknown.
               type: int
             node_source:
-              description: V(numa_node) (sysfs said so), V(local_cpulist) (local CPUs equal exactly one node's CPUs), or V(null).
+              description:
+                - V(numa_node) (sysfs said so), V(local_cpulist) (C(numa_node) unknown, local CPUs
+                  equal exactly one node's CPUs), V(local_cpulist_subset) (C(numa_node) unknown,
+                  local CPUs a proper, non-empty subset of exactly one node's CPUs), or V(null).
               type: str
             host_bridge:
               description: Host bridge directory name (C(pci0000:80)) above the device.
@@ -505,6 +532,27 @@ ansible_facts:
             switch:
               description: Upstream port of the PCIe switch directly above the device, or V(null); devices with the same value share a switch.
               type: str
+            numa_node_raw:
+              description: The C(numa_node) file as read (V(-1) included, or a node that does not exist); V(null) when the file is missing or unreadable.
+              type: int
+              sample: -1
+        nodes_per_package:
+          description:
+            - How many nodes hold CPUs of each package (C(physical_package_id) of the online CPUs
+              and the node CPU lists; never guessed from package or die counts).
+            - One number when every package has the same count, else a mapping of package id
+              (a string) to count; V(null) when no CPU has a package id.
+          type: raw
+          returned: always
+          sample: 4
+        snc_like:
+          description:
+            - V(true) when a package holds two or more nodes, each of them inside that package
+              alone (Intel SNC, AMD NPS, cluster-on-die, multi-chip modules). Nodes that cut
+              across packages (a V(nodes_cross_packages) finding) are not SNC-like.
+          type: bool
+          returned: always
+          sample: true
         sysfs_root:
           description: The sysfs root that was read.
           type: str
