@@ -522,3 +522,75 @@ def test_boot_reservation_is_checked_against_the_facts_before_the_gate(machine, 
     # no pages of a boot size: nothing on the command line, nothing to check
     runtime = dict(BOOT_ARGS, boot_reserve_sizes_kb=[G1])
     assert _module_inputs.problems("numa_hugepages", runtime, "h", numa) == []
+
+
+@pytest.fixture(scope="module")
+def release_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("release")
+    trees.materialize("qemu-2node-pxb", root / "tree")
+    return str(root / "tree")
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    osrelease_bytes=st.one_of(st.none(), st.binary(max_size=40)),
+    version_bytes=st.one_of(st.none(), st.binary(max_size=60)),
+)
+def test_garbage_release_files_are_warnings_never_tracebacks(
+    release_root, osrelease_bytes, version_bytes
+):
+    paths = {
+        Path(release_root, "proc", "sys", "kernel", "osrelease"): osrelease_bytes,
+        Path(release_root, "proc", "version"): version_bytes,
+    }
+    for path, data in paths.items():
+        if data is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+    kernel = facts_of(release_root)["kernel"]
+    assert kernel["osrelease"] is None or osrelease.release_tuple(kernel["osrelease"])
+    assert (kernel["osrelease"] is None) == (kernel["osrelease_source"] is None)
+    if kernel["osrelease"] is None:
+        with pytest.raises(
+            hugepages.HugepageError, match="the kernel release is needed to reserve"
+        ):
+            hugepages.read_kernel_release(os.path.join(release_root, "proc"))
+    else:
+        assert hugepages.read_kernel_release(os.path.join(release_root, "proc")) == (
+            osrelease.release_tuple(kernel["osrelease"])
+        )
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    package_of=st.lists(st.sampled_from([0, 8, 3]), min_size=32, max_size=32),
+    counts=st.lists(st.integers(1, 6), min_size=1, max_size=4),
+)
+def test_planner_on_any_package_layout_gives_count_cpus_on_crossed_nodes(package_of, counts):
+    numa = golden("nvidiagpunumanodes")
+    online = [*range(16), *range(88, 104)]
+    node_of = {cpu: (0 if cpu < 88 else 8) for cpu in online}
+    layout: dict = {}
+    for cpu, pid in zip(online, package_of, strict=True):
+        entry = layout.setdefault(pid, {"id": pid, "cpus": [], "nodes": set()})
+        entry["cpus"].append(cpu)
+        entry["nodes"].add(node_of[cpu])
+    pkgs = [dict(e, nodes=sorted(e["nodes"])) for dummy, e in sorted(layout.items())]
+    numa["packages"] = pkgs
+    numa["consistency"] = packages.cross_findings(pkgs)
+    numa.update(packages.package_layout(pkgs))
+    crossed_set, dummy = packages.crossed_nodes(numa["consistency"])
+    placements = [
+        {"name": f"p{i}", "exec": "/bin/x", "cpus": count} for i, count in enumerate(counts)
+    ]
+    try:
+        result = place(numa, None, placements)
+    except PlanError:
+        return
+    for entry in result["placements"]:
+        if entry["node"] in crossed_set:
+            assert len(entry["cpus"]) == entry["cpus_requested"]
+        else:
+            assert len(entry["cpus"]) % 4 == 0  # whole SMT4 cores
