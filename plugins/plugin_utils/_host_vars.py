@@ -573,7 +573,8 @@ HOST_VARS = (
         "list",
         [],
         "Page sizes reserved on the kernel command line instead of at runtime, e.g. [1G] "
-        "(Linux 5.16 or newer; a change needs a reboot).",
+        "(Linux 5.16 or newer, checked before the plan gate against the facts' "
+        "kernel.osrelease; a change needs a reboot).",
         (SITE, DRIFT),
         role_inputs=("hugepages_boot_reserve",),
         elements="raw",
