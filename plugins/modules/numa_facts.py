@@ -17,6 +17,11 @@ description:
     C(<sysfs_root>/bus/pci/devices/*/{class,vendor,device,numa_node,local_cpulist,local_cpus}),
     C(<procfs_root>/meminfo), C(<procfs_root>/sys/kernel/numa_balancing) and
     C(<procfs_root>/sys/vm/zone_reclaim_mode), and publishes them as C(ansible_facts.numa).
+  - "Reads the cpusets that bind services, where they exist: C(<sysfs_root>/fs/cgroup/cpuset.{cpus,mems}.effective)
+    of the cgroup v2 root, of the cgroup PID 1 runs in (C(<procfs_root>/1/cgroup); a container),
+    of its C(numafleet.slice) and C(system.slice) (reported only), C(<sysfs_root>/fs/cgroup/cpuset/cpuset.effective_{cpus,mems})
+    of a cgroup v1 cpuset hierarchy, and C(<procfs_root>/1/status) (PID 1's C(Cpus_allowed_list) and
+    C(Mems_allowed_list)), and publishes the intersection as RV(ansible_facts.numa.allowed) with each source."
   - Reports raw kernel truth. A PCI C(numa_node) of V(-1) is reported as V(null), never as node 0;
     the node is then inferred only when the device's local CPUs equal exactly one node's CPUs.
   - A kernel without C(/sys/devices/system/node) yields one node 0 built from C(/proc/meminfo) and
@@ -563,6 +568,74 @@ ansible_facts:
           type: str
           returned: always
           sample: /proc
+        allowed:
+          description:
+            - The CPUs and memory nodes the collection's services may use - the intersection of
+              the cgroup cpusets above them - and where that came from. The planner plans only
+              inside them. See the module's description for the files.
+            - Without any of those files (a recorded dump usually lacks them) it is every online
+              CPU and node, and RV(ansible_facts.numa.allowed.narrowed=false).
+          type: dict
+          returned: always
+          contains:
+            cpus:
+              description: The online CPUs every applied source allows, sorted.
+              type: list
+              elements: int
+              sample: [0, 1, 2, 3]
+            mems:
+              description: The online NUMA nodes every applied source allows, sorted.
+              type: list
+              elements: int
+              sample: [0]
+            narrowed:
+              description: Whether RV(ansible_facts.numa.allowed.cpus) or RV(ansible_facts.numa.allowed.mems) lacks an online CPU or node.
+              type: bool
+            sources:
+              description: Every source read, in the order read.
+              type: list
+              elements: dict
+              contains:
+                source:
+                  description:
+                    - V(cgroup2_root), V(cgroup2_container) (the cgroup PID 1 runs in, when the host is a
+                      container), V(cgroup2_slice) (numafleet.slice), V(system_slice) (system.slice,
+                      reported only), V(cgroup1_root), V(cgroup1_container), or V(pid1)
+                      (C(<procfs_root>/1/status), applied only when no cgroup file was read).
+                  type: str
+                path:
+                  description: The file the CPUs came from.
+                  type: str
+                mems_path:
+                  description: The file the memory nodes came from.
+                  type: str
+                cpus:
+                  description: The CPUs it allows; V(null) when its file gave none.
+                  type: list
+                  elements: int
+                mems:
+                  description: The memory nodes it allows; V(null) when its file gave none.
+                  type: list
+                  elements: int
+                applies:
+                  description: Whether it is part of the intersection.
+                  type: bool
+        pid1:
+          description: PID 1's own affinity, from C(Cpus_allowed_list) and C(Mems_allowed_list) of C(<procfs_root>/1/status).
+          type: dict
+          returned: always
+          contains:
+            cpus_allowed:
+              description: The CPUs PID 1 may run on, sorted; V(null) when the file is missing or unusable.
+              type: list
+              elements: int
+            mems_allowed:
+              description: The memory nodes PID 1 may allocate on, sorted; V(null) when unknown.
+              type: list
+              elements: int
+            path:
+              description: The file read.
+              type: str
         warnings:
           description: Files that could not be used; each leaves the fields it feeds V(null) or empty.
           type: list

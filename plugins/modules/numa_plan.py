@@ -329,6 +329,8 @@ summary:
     - "A placement whose MIG instance does not exist yet ends in
       V((waits for MIG instance <profile> at slice <start> of GPU <address>: <reason>)); the
       change plan counts it as V(waiting for a MIG instance), not as started."
+    - "A plan narrowed to the allowed cpuset (C(ansible_facts.numa.allowed)) shows, after the
+      warnings, V(; allowed CPUs <cpulist> and memory nodes <list>)."
   returned: success
   type: str
   sample: "gpu-a100-01: 2 placements: llm-70b node1 cpus 32-39,96-103 gpus b1:00.0,ca:00.0; embed node0 cpus 2-3,66-67 gpus 17:00.0 (MIG 1g.10gb); 0 warnings"
@@ -424,7 +426,7 @@ ansible_facts:
             - C(unit) (V(nvidia-mps@<instance>.service)) and C(instance) (the device UUID; both V(null) while the
               MIG instance it serves is not created yet, when C(waits_for) is its client's, and the daemon is neither
               written nor started), C(gpu_uuid) (the physical GPU), C(mig) (whether it serves a
-              MIG device), C(node), C(cpus) and C(mems) (the online, not isolated CPUs and nearest memory node of its GPU's node,
+              MIG device), C(node), C(cpus) and C(mems) (the online, not isolated, allowed CPUs and nearest memory node of its GPU's node,
               so that one client's change does not change the daemon), C(user) and C(group) (its clients',
               which must agree), C(active_thread_percentage) and C(pinned_memory_limit_kb) (the largest of its
               clients').
@@ -449,10 +451,33 @@ ansible_facts:
           description:
             - Warnings of the plan, for example a GPU with unknown NUMA locality.
             - Those about facts the planner does not trust come first and start with C(facts:) (a
-              node of kind V(unknown) that gets no placement, CPUs with unknown SMT siblings);
+              node of kind V(unknown) that gets no placement, CPUs with unknown SMT siblings, the
+              allowed cpuset when it narrows, CPUs whose SMT sibling is isolated);
               those of a placement start with C(placement <name>:).
           type: list
           elements: str
+        allowed:
+          description:
+            - The CPUs and memory nodes the plan stays inside, from C(ansible_facts.numa.allowed)
+              (the cgroup cpusets above the services). Every placement's and MPS daemon's
+              C(cpus) and C(mems) lie inside them.
+          type: dict
+          contains:
+            cpus:
+              description: The online CPUs the plan may use, sorted.
+              type: list
+              elements: int
+            mems:
+              description: The memory nodes the plan may use, sorted.
+              type: list
+              elements: int
+            narrowed:
+              description: Whether they lack an online CPU or node.
+              type: bool
+            sources:
+              description: V(<source> (<file>)) of each source that narrows them; empty when not narrowed.
+              type: list
+              elements: str
     numafleet_changes:
       description:
         - The change plan of the host, from the recorded plan and file digests to this plan.

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Callable
 
-from . import pci, topology
+from . import allowed, pci, topology
 from .errors import NumaTuneError
 from .sysfs import Reader
 
@@ -36,6 +36,11 @@ def read_numa_facts(reader: Reader) -> dict:
     facts["pci_devices"] = pci.as_facts(pci.placement_devices(devices))
     facts["sysfs_root"] = reader.sysfs_root
     facts["procfs_root"] = reader.procfs_root
+    pid1 = allowed.read_pid1(reader)
+    facts["allowed"] = allowed.read_allowed(
+        reader, topo.cpus["online"], list(topo.node_ids), topo.cpus["isolated"], pid1
+    )
+    facts["pid1"] = pid1
     facts["warnings"] = sorted(reader.warnings, key=lambda w: (w["path"], w["reason"]))
     return facts
 

@@ -14,6 +14,7 @@ from itertools import chain, filterfalse, islice
 from operator import itemgetter
 from typing import Optional
 
+from .allowed import allowed_text, narrowing_sources
 from .cpulist import format_cpulist
 from .errors import PlacementError, PlanError
 from .packages import crossed_nodes, crossed_warning
@@ -316,14 +317,16 @@ class _Host:
                 self.cpu_node.setdefault(entry["id"], entry.get("node"))
         self._check_reserved(nodes)
         self._untrusted_facts(numa, siblings)
-        blocked = self.reserved | self.isolated
+        self._allowed_facts(numa)
+        self._isolated_halves(siblings)
+        blocked = self.reserved | self.isolated | frozenset(self.half_cores)
         self.usable: dict = {}
         self.free_groups: dict = {}
         self.free_cpus: dict = {}
         # node -> (size, count): the first count free groups of the node all have size CPUs
         # (see groups_for and _group_shape); _commit keeps it as it takes or pins groups.
         self.group_shape: dict = {}
-        online = self.online
+        online = self.online if self.allowed_cpus is None else self.online & self.allowed_cpus
         for node in nodes:
             nid = node["id"]
             if node.get("kind") not in CPU_KINDS:
@@ -348,7 +351,9 @@ class _Host:
         self.mem_nodes = [
             node["id"]
             for node in nodes
-            if node.get("kind") in MEMORY_KINDS and (node.get("memory_kb") or 0) > 0
+            if node.get("kind") in MEMORY_KINDS
+            and (node.get("memory_kb") or 0) > 0
+            and (self.allowed_mems is None or node["id"] in self.allowed_mems)
         ]
         mem_set = set(self.mem_nodes)
         self.budget = {
@@ -423,6 +428,94 @@ class _Host:
                 "grouped by their siblings' lists, else one CPU per core, so a placement may "
                 "share a physical core with another"
             )
+
+    def _allowed_facts(self, numa: dict) -> None:
+        """The allowed cpuset of the facts (ansible_facts.numa.allowed), when it narrows.
+
+        allowed_cpus / allowed_mems: frozensets, or None when the facts allow every online CPU
+        / node (or carry no allowed key: facts of an older release). allowed_out is the plan's
+        ``allowed``; a narrowed set is a plan warning naming the sets and their sources.
+        """
+        self.allowed_cpus = self.allowed_mems = None
+        self.allowed_sources: list = []
+        allowed = numa.get("allowed")
+        online = sorted(self.online)
+        node_ids = list(self.node_ids)
+        if isinstance(allowed, dict) and allowed.get("narrowed"):
+            cpus = allowed.get("cpus")
+            mems = allowed.get("mems")
+            if _int_list(cpus) and not set(cpus) >= self.online:
+                self.allowed_cpus = frozenset(cpus)
+            if _int_list(mems) and not set(mems) >= set(node_ids):
+                self.allowed_mems = frozenset(mems)
+            self.allowed_sources = narrowing_sources(allowed, online, node_ids)
+        narrowed = self.allowed_cpus is not None or self.allowed_mems is not None
+        cpus = online if self.allowed_cpus is None else sorted(self.allowed_cpus & self.online)
+        mems = node_ids if self.allowed_mems is None else sorted(self.allowed_mems)
+        self.allowed_out = {
+            "cpus": cpus,
+            "mems": mems,
+            "narrowed": narrowed,
+            "sources": self.allowed_sources if narrowed else [],
+        }
+        if narrowed:
+            self.facts_warnings.append(
+                f"services may use only {allowed_text(cpus, mems)} (the allowed cpuset, from "
+                f"{self.allowed_source_text()}): the plan uses nothing outside them"
+            )
+
+    def _isolated_halves(self, siblings: dict) -> None:
+        """half_cores: {online CPU: its isolated SMT siblings} of the CPUs not isolated themselves.
+
+        A thread on such a CPU shares a core (caches, execution units) with an isolated CPU and
+        disturbs what runs there: placements of a CPU count never get one (whole cores only);
+        an explicit cpus: list may, with a warning (_explicit_cpus). A plan warning lists them.
+        """
+        self.half_cores: dict = {}
+        if not self.isolated:
+            return
+        for cpu, listed in siblings.items():
+            if cpu in self.isolated or cpu not in self.online or not isinstance(listed, list):
+                continue
+            near = sorted(sibling for sibling in listed if sibling in self.isolated)
+            if near:
+                self.half_cores[cpu] = near
+        if self.half_cores:
+            halves = sorted(self.half_cores)
+            isolated = sorted({s for near in self.half_cores.values() for s in near})
+            self.facts_warnings.append(
+                f"CPUs {format_cpulist(halves)} share cores with isolated CPUs "
+                f"{format_cpulist(isolated)} (SMT siblings): placements of a CPU count get whole "
+                "cores only and never these; pin them with cpus: to use them"
+            )
+
+    def half_core_text(self, cpus) -> Optional[str]:
+        """'CPU 4 shares a core with isolated CPU 6, ...' for the half-cores among cpus, or None."""
+        pairs = [
+            f"CPU {cpu} shares a core with isolated CPU {format_cpulist(self.half_cores[cpu])}"
+            for cpu in cpus
+            if cpu in self.half_cores
+        ]
+        if not pairs:
+            return None
+        return (
+            "; ".join(pairs) + " (SMT siblings): its threads disturb what runs on the isolated CPU"
+        )
+
+    def allowed_source_text(self) -> str:
+        """'cgroup2_slice (<path>), pid1 (<path>)': where the allowed cpuset came from."""
+        return ", ".join(self.allowed_sources) or "ansible_facts.numa.allowed"
+
+    def allowed_hint(self) -> str:
+        """' Services may use only CPUs ... (the allowed cpuset, from ...).' or ''."""
+        if not self.allowed_out["narrowed"]:
+            return ""
+        sets = allowed_text(self.allowed_out["cpus"], self.allowed_out["mems"])
+        return (
+            f" Services may use only {sets}"
+            f" (the allowed cpuset, from {self.allowed_source_text()}); widen that cpuset to "
+            "plan outside it."
+        )
 
     def kind_text(self, nid: int) -> str:
         """'kind memory-only', or for an untrusted node the files numa_facts could not use."""
@@ -1084,6 +1177,7 @@ class _Planner:
     def _explicit_cpus(self, p, warnings: list) -> list:
         state = self.state
         nodes = set()
+        self._check_allowed_cpus(p)
         for cpu in p.cpu_list:
             node = state.cpu_node.get(cpu)
             if node is None:
@@ -1116,6 +1210,9 @@ class _Planner:
                 f"CPUs {format_cpulist(isolated)} are isolated (isolcpus): the scheduler does "
                 "not balance threads across them"
             )
+        halves = state.half_core_text(p.cpu_list)
+        if halves is not None:
+            warnings.append(halves)
         if p.node is not None and nodes != {p.node}:
             dummy, pin, drop = self._pin(p)
             raise PlacementError(
@@ -1125,6 +1222,26 @@ class _Planner:
                 "or pin CPUs of that node",
             )
         return sorted(nodes)
+
+    def _check_allowed_cpus(self, p) -> None:
+        """Refuse explicit cpus: outside the allowed cpuset, naming them and the set's source."""
+        state = self.state
+        if state.allowed_cpus is None:
+            return
+        outside = [
+            cpu
+            for cpu in p.cpu_list
+            if cpu not in state.allowed_cpus and cpu in state.online and cpu in state.cpu_node
+        ]
+        if outside:
+            raise PlacementError(
+                state.host,
+                f"{p.where}.cpus: {_count(len(outside), 'CPU', False)} {format_cpulist(outside)} "
+                f"{'is' if len(outside) == 1 else 'are'} outside the CPUs services may use "
+                f"({format_cpulist(state.allowed_out['cpus'])}, the allowed cpuset from "
+                f"{state.allowed_source_text()}): the kernel would narrow or refuse the binding; "
+                "pin CPUs inside it or widen that cpuset",
+            )
 
     def _check_gpu_nodes(self, p, listed: list, pinned_nodes: Optional[list]) -> None:
         """Refuse node: or pinned cpus on another node than a listed GPU (unless allow_span)."""
@@ -1486,7 +1603,9 @@ class _Planner:
             need += ", even spanning nodes"
         if p.allow_span:
             fix = fix.replace(" set allow_span: true,", "")
-        return state.fail(p, f"{need}; free per node: {state.free_text()}. {fix}")
+        return state.fail(
+            p, f"{need}; free per node: {state.free_text()}. {fix}{state.allowed_hint()}"
+        )
 
     # -- commit ----------------------------------------------------------------------------
 
@@ -1872,6 +1991,12 @@ class _Planner:
                 return f"its CPU {cpu} is now in {RESERVED_VAR}"
             if cpu in state.isolated and p.cpu_list is None:
                 return f"its CPU {cpu} is now isolated"
+            if state.allowed_cpus is not None and cpu not in state.allowed_cpus:
+                return (
+                    f"its CPU {cpu} is now outside the allowed cpuset "
+                    f"({format_cpulist(state.allowed_out['cpus'])}, from "
+                    f"{state.allowed_source_text()})"
+                )
             if cpu in state.taken_cpus:
                 return f"its CPU {cpu} is pinned by another placement"
             if node not in nodes:
@@ -1885,6 +2010,14 @@ class _Planner:
         if mem_node is None:
             hugepages = old.get("hugepages")
             mem_node = hugepages["node"] if hugepages else old["mems"][0]
+        if state.allowed_mems is not None:
+            for mem in sorted(set(old["mems"]) | {mem_node}):
+                if mem not in state.allowed_mems:
+                    return (
+                        f"its memory node {mem} is now outside the allowed memory nodes "
+                        f"({format_cpulist(state.allowed_out['mems'])}, from "
+                        f"{state.allowed_source_text()})"
+                    )
         if mem_node not in state.budget:
             return f"its memory node {mem_node} has no memory now"
         hp_kb = 0
@@ -1931,6 +2064,9 @@ class _Planner:
             warnings.append(
                 f"spans NUMA nodes {', '.join(str(n) for n in nodes)} (kept from the recorded plan)"
             )
+        halves = state.half_core_text(cpus) if p.cpu_list is None else None
+        if halves is not None:  # kept: a running service is not moved for it
+            warnings.append(f"{halves} (kept from the recorded plan)")
         self.out.append(self._commit(p, fit, warnings))
         return None
 
@@ -2067,9 +2203,9 @@ def _daemon_details(
 
     A daemon serves its clients only when they run as the user it runs as (its pipe directory is
     0700), so the clients of one daemon must share one user; raises PlacementError otherwise.
-    The daemon runs on the online, not isolated CPUs of its GPU's node (of its first client's
-    node when the GPU's node is unknown or has no CPUs; housekeeping CPUs included) and binds
-    memory to that node's nearest memory node:
+    The daemon runs on the online, not isolated, allowed CPUs of its GPU's node (of its first
+    client's node when the GPU's node is unknown or has no CPUs; housekeeping CPUs included)
+    and binds memory to that node's nearest memory node:
     not on the union of its clients' CPUs, so that adding, removing or resizing one client does
     not change the daemon's unit and restart, through Requires=, every other client.
     """
@@ -2110,6 +2246,8 @@ def _daemon_details(
             for cpu in state.node[node].get("cpus") or ()
             if cpu in state.online and cpu not in state.isolated
         ]
+        if state.allowed_cpus is not None:  # never outside the allowed cpuset either
+            cpus = [cpu for cpu in cpus if cpu in state.allowed_cpus]
         daemon.update(
             {
                 "instance": instance,
@@ -2374,6 +2512,8 @@ def plan_host(
             for entry in planner.out
             for text in entry["warnings"]
         ],
+        # The CPUs and memory nodes the plan stays inside (ansible_facts.numa.allowed).
+        "allowed": state.allowed_out,
     }
 
 
@@ -2396,6 +2536,7 @@ def plan_summary(plan: dict) -> str:
 
     A placement anchored with near: ends in ' near <BB:DD.F>' (' near 4b:00.0'); one whose MIG
     instance does not exist yet in ' (waits for MIG instance ...: <reason>)' (waits_text).
+    A plan narrowed to the allowed cpuset ends in '; allowed CPUs 1,3 and memory nodes 1'.
     """
     placements = plan.get("placements") or []
     parts = []
@@ -2414,6 +2555,9 @@ def plan_summary(plan: dict) -> str:
     warnings = len(plan.get("warnings") or [])
     if warnings:
         line += f"; {warnings} warning{'' if warnings == 1 else 's'}"
+    narrowed = plan.get("allowed") or {}
+    if narrowed.get("narrowed"):  # the allowed cpuset: the plan stays inside it
+        line += f"; allowed {allowed_text(narrowed.get('cpus') or (), narrowed.get('mems') or ())}"
     return line
 
 

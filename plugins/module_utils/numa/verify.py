@@ -10,7 +10,9 @@ Rules (docs/architecture.md, "Verify: metrics and checks"):
   yet (plan ``waits_for``) is not started by design: ``running`` warns with the reason and its
   other checks are skipped.
 - ``cpus_binding`` / ``mems_binding``: every process's ``Cpus_allowed_list`` / ``Mems_allowed_list``
-  lies within the plan's cpus / mems.
+  lies within the plan's cpus / mems. When they do but together miss some of them (the kernel
+  narrowed the binding to a cgroup cpuset, or the service its own affinity), it warns naming the
+  missing CPUs / nodes: never a pass.
 - ``offnode_share``: anonymous + hugetlb memory on nodes outside the plan's mems, as a percentage of
   all of it. It fails when the share is *above* ``cross_node_target_pct``; exactly at the target
   passes. A service with no such pages resident is skipped.
@@ -577,6 +579,10 @@ def _check_binding(out: _Checks, name: str, kind: str, binding: dict, planned: l
         ok = ok and set(allowed) <= set(planned)
     measured = None if allowed is None else format_cpulist(allowed)
     target = format_cpulist(planned)
+    missing = format_cpulist(set(planned) - set(allowed)) if ok and allowed is not None else ""
+    if missing:
+        _narrower(out, check, name, field, (measured, target, missing))
+        return
     if ok:
         out.add(check, name, "pass", measured, target, "cpulist", f"{field} within {target}")
         return
@@ -599,6 +605,30 @@ def _check_binding(out: _Checks, name: str, kind: str, binding: dict, planned: l
         "cpulist",
         text + fix,
         f"{measured} not within {target}",
+    )
+
+
+def _narrower(out: _Checks, check: str, name: str, field: str, lists: tuple) -> None:
+    """Warn that no process of a service may use some of its planned CPUs or memory nodes.
+
+    ``lists``: (measured, planned, missing) as cpulist text. The kernel narrowed the binding
+    (a cgroup cpuset above the unit, see ansible_facts.numa.allowed) or the service narrowed
+    its own affinity: either way it does not run as planned, so the check does not pass.
+    """
+    measured, target, missing = lists
+    what = "CPUs" if check == "cpus_binding" else "memory nodes"
+    out.add(
+        check,
+        name,
+        "warn",
+        measured,
+        target,
+        "cpulist",
+        f"{field} {measured} is narrower than the plan's {target}: no process may use planned "
+        f"{what} {missing}; the kernel narrowed the binding (a cgroup cpuset above the unit: "
+        "see ansible_facts.numa.allowed) or the service narrowed its own affinity. Widen that "
+        "cpuset, or gather facts and plan again so the plan stays inside it",
+        f"{measured} narrower than {target} ({missing} missing)",
     )
 
 

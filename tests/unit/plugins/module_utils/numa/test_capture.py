@@ -27,12 +27,23 @@ def read_all(root):
     return reader, facts, gpus
 
 
+def _relative(value, root):
+    """value with every string path under root made relative to it (facts name files read)."""
+    if isinstance(value, str):
+        return os.path.relpath(value, root) if value.startswith(root + os.sep) else value
+    if isinstance(value, dict):
+        return {key: _relative(item, root) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_relative(item, root) for item in value]
+    return value
+
+
 def strip_roots(facts, root):
     out = {key: value for key, value in facts.items() if key not in ROOT_KEYS}
     out["warnings"] = [
         {"path": os.path.relpath(w["path"], root), "reason": w["reason"]} for w in facts["warnings"]
     ]
-    return out
+    return _relative(out, root)
 
 
 @pytest.mark.parametrize("machine", trees.MACHINES)

@@ -201,14 +201,15 @@ def test_a_reserved_cpu_leaves_its_sibling_as_a_core_of_its_own():
 def test_explicit_cpus_are_taken_as_given_and_isolated_ones_warn():
     numa = synthetic(cpus_per_node=(4, 4), isolated=(6,))
     result = plan_host(
-        "h", numa, None, [p("pin", cpus="5-6"), p("count", cpus=2, node=1)], [], POLICY
+        "h", numa, None, [p("pin", cpus="5-6"), p("count", cpus=1, node=1)], [], POLICY
     )
     pin, count = result["placements"]
     assert (pin["cpus"], pin["node"], pin["cpus_requested"]) == ([5, 6], 1, 2)
     assert "CPUs 6 are isolated" in pin["warnings"][0]
-    assert result["warnings"][0].startswith("placement pin: CPUs 6 are isolated")
-    # 6 is isolated (never usable for counts); 5's sibling 7 is left as a core of its own
-    assert count["cpus"] == [4, 7]
+    assert result["warnings"][1].startswith("placement pin: CPUs 6 are isolated")
+    # 6 is isolated (never usable for counts), and so is 4, its SMT sibling (a half-core);
+    # 5's sibling 7 is left as a core of its own
+    assert count["cpus"] == [7]
 
 
 def test_explicit_cpus_across_nodes_span_with_a_warning():
@@ -775,6 +776,7 @@ def test_plan_shape_and_summary(machine_facts):
         "mig_gpus",
         "stability",
         "warnings",
+        "allowed",
     ]
     assert list(result["placements"][0]) == [
         "name", "index", "unit", "unit_kind", "exec", "argv", "description", "user", "group",
@@ -1254,9 +1256,10 @@ def _siblings(numa: dict, **lists) -> dict:
         (_siblings(synthetic(), cpu0=[0, 1], cpu1=[1, 2]), "", [1, 2, 1], [[4, 6], [5, 7], [0, 1]]),
         # A sibling on another node (1: 1+5) is left out of the group on node 0.
         (_siblings(synthetic(), cpu1=[1, 5]), "", [1, 2, 2], [[4, 6], [5, 7], [0, 2]]),
-        # A reserved or isolated CPU leaves its sibling a core of one CPU, taken last.
+        # A reserved CPU leaves its sibling a core of one CPU, taken last.
         (synthetic(), "0", [1, 2, 1], [[1, 3], [4, 6], [2]]),
-        (synthetic(isolated=(2,)), "", [1, 2, 1], [[0], [1, 3], [4, 6]]),
+        # An isolated CPU's SMT sibling is never given to a count: whole cores only.
+        (synthetic(isolated=(2,)), "", [1, 2, 1], [[1, 3], [4, 6], [5, 7]]),
         (synthetic(offline=(7,)), "4-5", [1], [[6]]),
     ],
 )

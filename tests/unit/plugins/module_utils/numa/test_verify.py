@@ -58,7 +58,12 @@ def service(name="embed", **overrides) -> dict:
         "unit": f"numafleet-{name}.service",
         "running": True,
         "pids": [100, 101],
-        "binding": {"cpus_allowed": [2, 3], "mems_allowed": [0], "cpus_ok": True, "mems_ok": True},
+        "binding": {
+            "cpus_allowed": [2, 3, 4, 5],
+            "mems_allowed": [0],
+            "cpus_ok": True,
+            "mems_ok": True,
+        },
         "pages_kb": {"anon_huge_by_node": {"0": 1000}, "file_by_node": {"1": 50}},
         "offnode_share": 0.0,
         "gpu_locality": [],
@@ -164,9 +169,10 @@ def test_offnode_share_without_pages_is_skipped_not_passed():
     ("binding", "cpus", "mems"),
     [
         ({"cpus_allowed": [2, 3, 4, 5], "mems_allowed": [0]}, "pass", "pass"),
+        # narrower than planned (2-5): the kernel or the service narrowed it, never a pass
         (
             {"cpus_allowed": [2], "mems_allowed": [0], "cpus_ok": True, "mems_ok": True},
-            "pass",
+            "warn",
             "pass",
         ),
         ({"cpus_allowed": [0, 1, 2, 3], "mems_allowed": [0, 1]}, "fail", "fail"),
@@ -192,6 +198,22 @@ def test_binding_failure_messages_name_the_lists_and_the_fix():
     assert (cpus.measured, cpus.target, cpus.unit) == ("0-7", "2-5", "cpulist")
     assert "Mems_allowed_list 0-1 is not within the plan's 0 (1 outside)" in mems.message
     assert "AllowedMemoryNodes" in mems.message
+
+
+def test_a_binding_the_kernel_narrowed_warns_naming_the_missing_cpus():
+    """A cpuset above the unit allows 2-3 of the planned 2-5: systemd's AllowedCPUs=2-5 ends
+    up as Cpus_allowed_list 2-3, within the plan but not the plan (#22)."""
+    binding = {"cpus_allowed": [2, 3], "mems_allowed": [0], "cpus_ok": True, "mems_ok": True}
+    checks = verify.evaluate(HOST, make_plan(placement()), measure(service(binding=binding)))
+    cpus = pick(checks, "cpus_binding")
+    assert (cpus.status, cpus.measured, cpus.target) == ("warn", "2-3", "2-5")
+    assert cpus.message.startswith(
+        "Cpus_allowed_list 2-3 is narrower than the plan's 2-5: no process may use planned "
+        "CPUs 4-5; the kernel narrowed the binding"
+    )
+    assert cpus.detail == "2-3 narrower than 2-5 (4-5 missing)"
+    assert pick(checks, "mems_binding").status == "pass"
+    assert verify.status_text(checks).startswith("warn")
 
 
 def test_service_not_running_fails_and_skips_the_rest():
