@@ -313,6 +313,37 @@ ansible_facts:
               description: Counters of C(nodeN/numastat) (pages allocated, not accesses).
               type: dict
               sample: {numa_hit: 60410, numa_miss: 0, local_node: 56147, other_node: 4263}
+            normal_memory:
+              description:
+                - Whether the node is listed in C(/sys/devices/system/node/has_normal_memory)
+                  (it has ZONE_NORMAL memory); V(null) when the file is missing.
+                - V(false) for a memory-less node, and for memory onlined movable only (GPU memory,
+                  DAX memory onlined movable).
+              type: bool
+              sample: true
+            gpu_owner:
+              description:
+                - PCI address of the GPU whose own memory this node is, from the C(Node:) line of
+                  the NVIDIA driver's C(/proc/driver/nvidia/gpus/<address>/numa_status)
+                  (POWER9+V100, Grace Hopper, GB200); V(null) otherwise.
+                - The planner never binds a placement's memory to such a node.
+              type: str
+              sample: "0004:05:00.0"
+            memory_tier:
+              description:
+                - Id N of the C(/sys/devices/virtual/memory_tiering/memory_tierN) whose
+                  C(nodelist) holds the node (Linux 6.1+); a smaller N is a faster tier.
+                - V(null) without memory tiers.
+              type: int
+              sample: 4
+            memory_backing:
+              description:
+                - V(cxl) when a DAX device below a CXL region (C(/sys/bus/cxl/devices/regionZ))
+                  targets the node (C(/sys/bus/dax/devices/daxX.Y/target_node)), V(dax) when a DAX
+                  device that is not CXL does (persistent memory, soft-reserved or HBM ranges).
+                - V(null) when no DAX device targets the node.
+              type: str
+              sample: cxl
         cpus:
           description: Kernel CPU sets of C(/sys/devices/system/cpu), each a sorted list of CPU ids.
           type: dict

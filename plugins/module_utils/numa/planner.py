@@ -236,6 +236,38 @@ def waits_text(entry: dict) -> str:
     return f"waits for MIG instance {waits.get('mig_instance')}: {waits.get('reason')}"
 
 
+def gpu_memory_nodes(nodes: list) -> dict:
+    """{node id: PCI address} of the facts' nodes that are a GPU's own memory (gpu_owner)."""
+    return {
+        node["id"]: owner
+        for node in nodes
+        for owner in (node.get("gpu_owner"),)
+        if isinstance(owner, str) and owner
+    }
+
+
+def _is_tier(value) -> bool:
+    """Whether value is a memory tier id of the facts (an int; a bool is none)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def slow_memory_nodes(nodes: list) -> dict:
+    """{node id: why} of the memory nodes slower than the host's best: a memory tier below the
+    top one, CXL or DAX backing, or memory outside ZONE_NORMAL (has_normal_memory)."""
+    tiers = [n.get("memory_tier") for n in nodes if _is_tier(n.get("memory_tier"))]
+    top = min(tiers) if tiers else None
+    slow = {}
+    for node in nodes:
+        tier, backing = node.get("memory_tier"), node.get("memory_backing")
+        if _is_tier(tier) and top is not None and tier > top:
+            slow[node["id"]] = f"memory tier {tier}, below tier {top}"
+        elif backing in ("cxl", "dax"):
+            slow[node["id"]] = f"{'CXL' if backing == 'cxl' else 'DAX'}-backed"
+        elif node.get("normal_memory") is False:
+            slow[node["id"]] = "no normal memory zone"
+    return slow
+
+
 class _Fit:
     """One way to place a placement: nodes, CPUs, GPUs, memory node and its rank."""
 
@@ -348,12 +380,15 @@ class _Host:
             self.free_cpus[nid] = len(usable)
             self.group_shape[nid] = _group_shape(groups)
         self.cpu_nodes = [nid for nid in self.node_ids if nid in self.usable]
+        # A GPU's own memory exposed as a node (gpu_owner) is never a placement's memory.
+        self.gpu_memory = gpu_memory_nodes(nodes)
         self.mem_nodes = [
             node["id"]
             for node in nodes
             if node.get("kind") in MEMORY_KINDS
             and (node.get("memory_kb") or 0) > 0
             and (self.allowed_mems is None or node["id"] in self.allowed_mems)
+            and node["id"] not in self.gpu_memory
         ]
         mem_set = set(self.mem_nodes)
         self.budget = {
@@ -367,13 +402,9 @@ class _Host:
         }
         self.hp_planned: dict = {}
         self.hp_extra: dict = {}  # node -> {size_kb: count} of numafleet_hugepages_extra
+        self.slow_mem = slow_memory_nodes([self.node[nid] for nid in self.mem_nodes])
         self.near_mem = {
-            nid: (
-                [nid]
-                if nid in mem_set
-                else sorted(self.mem_nodes, key=lambda other, n=nid: (self.dist[n][other], other))
-            )
-            for nid in self.node_ids
+            nid: [nid] if nid in mem_set else self.mem_order(nid) for nid in self.node_ids
         }
         self.taken_cpus: set = set()
         self.planned_cpus: dict = {}  # node -> CPUs given to placements
@@ -521,7 +552,42 @@ class _Host:
         """'kind memory-only', or for an untrusted node the files numa_facts could not use."""
         if nid in self.untrusted:
             return f"kind unknown: numa_facts could not use {self.untrusted[nid]}"
+        if nid in self.gpu_memory:
+            return f"kind {self.node[nid].get('kind')}, memory of GPU {self.gpu_memory[nid]}"
         return f"kind {self.node[nid].get('kind')}"
+
+    def mem_order(self, nid: int) -> list:
+        """The memory nodes for CPUs of node nid, best first: fast memory (top tier, normal,
+        not CXL/DAX) before slow, then by distance from nid, then by id."""
+        slow, row = self.slow_mem, self.dist[nid]
+        return sorted(self.mem_nodes, key=lambda other: (other in slow, row[other], other))
+
+    def memory_note(self, nodes: list, mems: list, hp_size: Optional[int]) -> Optional[str]:
+        """The warning of a placement whose memory nodes are not its CPU nodes, else None.
+
+        'memory on node 0, not on its CPU node 1 (distance 12): node 1 has no memory'.
+        """
+        far = [m for m in mems if m not in nodes]
+        if not far:
+            return None
+        home = nodes[0]
+        why = []
+        for nid in nodes:
+            if nid not in self.budget:
+                why.append(f"node {nid} has no memory")
+            elif hp_size is not None and hp_size not in self.hp_sizes[nid]:
+                why.append(f"node {nid} offers no {format_kb(hp_size)} pages")
+            else:
+                why.append(f"the memory budget of node {nid} is full")
+        distance = self.dist.get(home, {}).get(far[0], 255)
+        nodes_text = "node" + ("s " if len(far) > 1 else " ") + ", ".join(map(str, far))
+        cpu_text = "node" + ("s " if len(nodes) > 1 else " ") + ", ".join(map(str, nodes))
+        slow = [m for m in far if m in self.slow_mem]
+        tail = f"; node {slow[0]} is slower memory ({self.slow_mem[slow[0]]})" if slow else ""
+        return (
+            f"memory on {nodes_text}, not on its CPU {cpu_text} (distance {distance} from node "
+            f"{home}): {', '.join(why)}{tail}"
+        )
 
     def _check_reserved(self, nodes: list) -> None:
         missing = sorted(cpu for cpu in self.reserved if cpu not in self.cpu_node)
@@ -745,6 +811,8 @@ class _Host:
             text = f"node{nid} {_count(gpus, 'GPU')}, {_count(cpus, 'CPU')}"
             if nid in self.budget:
                 text += f", {format_kb(max(self.budget[nid] - self.used_kb[nid], 0))} memory"
+            elif nid in self.gpu_memory:
+                text += f", memory of GPU {self.gpu_memory[nid]} (never planned)"
             else:
                 text += ", no memory"
             parts.append(text)
@@ -1484,9 +1552,7 @@ class _Planner:
                 mem = next(
                     (
                         nid
-                        for nid in sorted(
-                            state.mem_nodes, key=lambda o, b=best: (state.dist[b][o], o)
-                        )
+                        for nid in state.mem_order(best)
                         if (hp_size is None or hp_size in state.hp_sizes[nid])
                         and state.used_kb[nid] + p.memory_kb + hp_kb <= state.budget[nid]
                     ),
@@ -1721,6 +1787,11 @@ class _Planner:
                     cpus.extend(node_cpus)
             cpus.sort()
         state.taken_cpus.update(cpus)
+        note = state.memory_note(
+            fit.nodes, fit.mems, p.hugepages.size_kb if p.hugepages is not None else None
+        )
+        if note is not None:
+            warnings.append(note)
         hp_kb = p.hugepages.size_kb * p.hugepages.count if p.hugepages else 0
         state.used_kb[fit.mem_node] += p.memory_kb + hp_kb
         hugepages = None
@@ -2018,6 +2089,12 @@ class _Planner:
                         f"({format_cpulist(state.allowed_out['mems'])}, from "
                         f"{state.allowed_source_text()})"
                     )
+        gpu_mems = [m for m in old["mems"] if m in state.gpu_memory]
+        if gpu_mems:
+            return (
+                f"its memory node {gpu_mems[0]} is the memory of GPU "
+                f"{state.gpu_memory[gpu_mems[0]]}, which placements never use"
+            )
         if mem_node not in state.budget:
             return f"its memory node {mem_node} has no memory now"
         hp_kb = 0
@@ -2518,9 +2595,15 @@ def plan_host(
 
 
 def placement_text(entry: dict) -> str:
-    """Where a plan entry runs: 'node1 cpus 32-39 gpus b1:00.0,ca:00.0', ' mig 1g.10gb@2', ' mps'."""
+    """Where a plan entry runs: 'node1 cpus 32-39 gpus b1:00.0,ca:00.0', ' mig 1g.10gb@2', ' mps'.
+
+    Memory nodes other than the CPU nodes follow the CPUs: 'node1 cpus 25-48 mems 0'.
+    """
     nodes = "+".join(str(n) for n in entry["nodes"])
     text = f"node{nodes} cpus {format_cpulist(entry['cpus'])}"
+    mems = entry.get("mems") or ()
+    if any(m not in entry["nodes"] for m in mems):
+        text += " mems " + "+".join(str(m) for m in mems)
     if entry["gpus"]:
         text += " gpus " + ",".join(_short_address(g["address"]) for g in entry["gpus"])
         mig = entry["gpus"][0]["mig"]

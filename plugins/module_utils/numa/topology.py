@@ -10,6 +10,7 @@ from typing import Optional
 
 from . import osrelease, packages
 from .cpulist import format_cpulist, parse_cpulist, parse_cpumask
+from .memnodes import memory_kinds, node_memory_fields
 from .sysfs import Reader
 
 NODE_DIR = ("devices", "system", "node")
@@ -79,6 +80,12 @@ class NumaNode:
     distances: tuple
     hugepages: tuple
     numastat: dict = field(default_factory=dict)
+    # What the node's memory is (memnodes.py): in has_normal_memory (None: file missing), the
+    # PCI address of the GPU whose memory it is, its memory tier id, "cxl"/"dax" backing.
+    normal_memory: Optional[bool] = None
+    gpu_owner: Optional[str] = None
+    memory_tier: Optional[int] = None
+    memory_backing: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -536,6 +543,8 @@ def read_topology(reader: Reader) -> Topology:
         nodes = tuple(_read_node(reader, node_id) for node_id in node_ids)
         nodes = check_distances(reader, nodes, node_ids)
         nodes = check_node_cpus(reader, nodes, sets["possible"])
+        kinds = memory_kinds(reader)
+        nodes = tuple(replace(n, **node_memory_fields(kinds, n.id)) for n in nodes)
         offline_nodes = sorted(set(listed) - set(node_ids))
         offline_dirs = tuple(_read_node(reader, node_id) for node_id in offline_nodes)
     else:

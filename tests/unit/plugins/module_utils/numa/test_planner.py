@@ -419,18 +419,23 @@ def test_bad_hugepages_extra_fail_with_their_message(extra, message):
 
 
 @pytest.mark.parametrize(
-    ("placement", "mems", "warned"),
+    ("placement", "mems"),
     [
-        (p("a", node=1), [0], False),  # CPU-only node 1: memory nodes 0 and 2 tie at 12 -> 0
-        (p("b", node=3), [0], False),
-        (p("c", node=1, memory="300G"), [0], False),
+        (p("a", node=1), [0]),  # CPU-only node 1: memory nodes 0 and 2 tie at 12 -> 0
+        (p("b", node=3), [0]),
+        (p("c", node=1, memory="300G"), [0]),
     ],
 )
-def test_memory_less_cpu_node_gets_the_nearest_memory_node(machine_facts, placement, mems, warned):
+def test_memory_less_cpu_node_gets_the_nearest_memory_node(machine_facts, placement, mems):
     result = plan(machine_facts, NPS4, [placement])
     entry = result["placements"][0]
     assert (entry["node"], entry["mems"]) == (placement["node"], mems)
-    assert bool(entry["warnings"]) is warned
+    # The plan says that the memory is not on the CPU node, and why (issue 22).
+    node = placement["node"]
+    assert entry["warnings"] == [
+        f"memory on node 0, not on its CPU node {node} (distance 12 from node {node}): "
+        f"node {node} has no memory"
+    ]
 
 
 def test_memory_less_cpu_node_moves_to_the_next_memory_node_when_the_nearest_is_full(
@@ -1016,7 +1021,7 @@ def test_span_only_when_no_single_node_fits(machine_facts):
             [p("n", node=1)],
             None,
             "host h: numafleet_placements[0] (n).node: node 1 has no CPUs a placement can use "
-            "(kind memory-only); pick one of 0",
+            "(kind memory-only, memory of GPU 0009:01:00.0); pick one of 0",
         ),
         (
             A100,

@@ -136,6 +136,10 @@ def test_no_numa_sysfs_gives_one_node_from_proc(tmp_path):
             "distances": [10],
             "hugepages": [],
             "numastat": {},
+            "normal_memory": None,
+            "gpu_owner": None,
+            "memory_tier": None,
+            "memory_backing": None,
         }
     ]
 
