@@ -574,7 +574,7 @@ class _Host:
         why = []
         for nid in nodes:
             if nid not in self.budget:
-                why.append(f"node {nid} has no memory")
+                why.append(self._no_budget_text(nid))
             elif hp_size is not None and hp_size not in self.hp_sizes[nid]:
                 why.append(f"node {nid} offers no {format_kb(hp_size)} pages")
             else:
@@ -588,6 +588,15 @@ class _Host:
             f"memory on {nodes_text}, not on its CPU {cpu_text} (distance {distance} from node "
             f"{home}): {', '.join(why)}{tail}"
         )
+
+    def _no_budget_text(self, nid: int) -> str:
+        """Why node nid takes no placement memory: not allowed, a GPU's memory, or none."""
+        if nid in self.gpu_memory:
+            return f"node {nid} is the memory of GPU {self.gpu_memory[nid]}"
+        has_memory = (self.node.get(nid, {}).get("memory_kb") or 0) > 0
+        if has_memory and self.allowed_mems is not None and nid not in self.allowed_mems:
+            return f"node {nid} is outside the allowed memory nodes"
+        return f"node {nid} has no memory"
 
     def _check_reserved(self, nodes: list) -> None:
         missing = sorted(cpu for cpu in self.reserved if cpu not in self.cpu_node)

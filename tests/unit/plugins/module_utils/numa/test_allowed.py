@@ -202,7 +202,14 @@ def test_the_plan_stays_inside_the_allowed_set_and_says_so(fixture_root):
         f"cgroup2_container ({scope}/cpuset.cpus.effective), cgroup2_slice "
         f"({scope}/numafleet.slice/cpuset.cpus.effective)): the plan uses nothing outside them"
     )
-    assert plan_summary(plan).endswith("; 1 warning; allowed CPUs 1,3 and memory nodes 1")
+    # b's memory is not on its CPU node: the plan says why
+    assert plan["warnings"][1] == (
+        "placement b: memory on node 1, not on its CPU node 0 (distance 20 from node 0): node 0 is "
+        "outside the allowed memory nodes"
+    )
+    assert plan_summary(plan).endswith(
+        "b node0 cpus 1 mems 1; 2 warnings; allowed CPUs 1,3 and memory nodes 1"
+    )
     assert [n["cpus_usable"] for n in plan["nodes"]] == [[1], [3]]
 
 
