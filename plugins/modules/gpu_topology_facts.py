@@ -183,7 +183,12 @@ ansible_facts:
               type: int
               sample: 0
             node_source:
-              description: V(numa_node) (sysfs said so), V(local_cpulist) (local CPUs equal exactly one node's CPUs), or V(null).
+              description:
+                - V(numa_node) (sysfs said so), V(local_cpulist) (local CPUs equal exactly one node's CPUs), V(nvml_cpu_affinity),
+                  or V(null).
+                - V(nvml_cpu_affinity) when sysfs leaves the node unknown and NVML's CPU affinity at NODE scope
+                  (RV(ansible_facts.gpu_topology.gpus[].nvml_cpu_affinity)) lies within exactly one node's CPUs; C(sources.node) then
+                  names NVML (or the snapshot).
               type: str
               sample: numa_node
             local_cpus:
@@ -319,6 +324,14 @@ ansible_facts:
                           description: Memory slices.
                           type: int
                           sample: 1
+                reset_required:
+                  description:
+                    - V(true) when RV(ansible_facts.gpu_topology.gpus[].mig.mode_pending) is known and differs from
+                      RV(ansible_facts.gpu_topology.gpus[].mig.mode_current) (a MIG mode change waits for a GPU reset or a
+                      reboot; whichever source gave the modes).
+                    - M(numafleet.tuning.numa_plan) plans no new MIG instance on such a GPU.
+                  type: bool
+                  sample: false
             processes:
               description: PIDs of the compute and graphics processes using the GPU, sorted.
               type: list
@@ -338,6 +351,14 @@ ansible_facts:
               description: NVML's NUMA id of the GPU (the node holding its memory on coherent systems such as GH200). Not the CPU node; use C(node).
               type: int
               sample: 1
+            nvml_cpu_affinity:
+              description:
+                - CPUs of the GPU's ideal CPU affinity within its NUMA node (NVML C(nvmlDeviceGetCpuAffinityWithinScope) at
+                  C(NVML_AFFINITY_SCOPE_NODE)), sorted; V(null) when NVML cannot say (nvidia-smi does not give it).
+                - Recorded in snapshots, so a snapshot replays the node it gives.
+              type: list
+              elements: int
+              sample: [4, 5, 6, 7]
             partition:
               description: AMD Instinct partition modes, or V(null) (NVIDIA, or no partition files).
               type: dict
@@ -372,6 +393,10 @@ ansible_facts:
                 RV(ansible_facts.gpu_topology.nvidia_smi.reason)).
               type: dict
               sample: {nvml_numa_node: "nvmlDeviceGetNumaNodeId: Not Supported"}
+            numa_node_raw:
+              description: The C(numa_node) file as the kernel wrote it (V(-1) when unknown), V(null) when it cannot be read.
+              type: int
+              sample: -1
         nvml:
           description: Whether NVML was used.
           returned: always

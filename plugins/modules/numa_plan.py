@@ -417,7 +417,12 @@ ansible_facts:
               C(declared) (whether O(mig_gpus) declares the GPU) and C(layout), one entry per GPU instance with
               C(profile), C(placement_start), C(placement_size), C(placement) (the placement it serves, or V(null)),
               C(device_uuid) (V(null) until the instance exists) and C(compute_profile) (V(null) for one compute
-              instance over the whole GPU instance).
+              instance over the whole GPU instance), and C(reset_required) (the facts' MIG mode change is pending
+              until a GPU reset).
+            - No new MIG instance is planned on a GPU whose C(reset_required) is true; a placement that needs one is
+              refused, naming the GPU, both modes and the fix (reset the GPU, or reboot). A placement kept from the
+              recorded plan keeps its existing instance, or keeps waiting for the one it already waited for
+              (C(waits_for) reason V(mode change pending a reset)), with a warning.
           type: list
           elements: dict
         mps_daemons:

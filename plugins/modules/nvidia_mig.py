@@ -346,6 +346,44 @@ busy:
       description: systemd service of the process, null when none.
       type: str
       sample: numafleet-llm.service
+holders:
+  description:
+    - Everything that holds a listed GPU (C(/proc/<pid>/fd) links to C(/dev/nvidia*), nvidia-persistenced, nv-hostengine
+      (DCGM), nv-fabricmanager, a loaded C(nvidia_drm)), also in check and render mode.
+    - A change that destroys instances, changes a mode or resets a GPU that a holder outside O(owned_units) has open is
+      refused with the full list; creating instances in free slices is not.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    kind:
+      description: V(process) (a C(/dev/nvidia*) file open), V(daemon) or V(module) (C(nvidia_drm)).
+      type: str
+      sample: process
+    pid:
+      description: Process id, null for the module.
+      type: int
+      sample: 4711
+    comm:
+      description: C(/proc/<pid>/comm), null for the module.
+      type: str
+      sample: text-embedding
+    unit:
+      description: systemd service of the process (from C(/proc/<pid>/cgroup)), null when none.
+      type: str
+      sample: numafleet-embed.service
+    devices:
+      description: The C(/dev/nvidia*) paths it has open, sorted.
+      type: list
+      elements: str
+      sample: [/dev/nvidia0, /dev/nvidiactl]
+    gpus:
+      description:
+        - PCI addresses of the GPUs it holds (C(/dev/nvidiaN) by the driver's C(Device Minor) in
+          C(/proc/driver/nvidia/gpus/<address>/information)); empty means every GPU.
+      type: list
+      elements: str
+      sample: []
 stopped_units:
   description: Owned units stopped and started again around the change (to be, in check mode).
   returned: always

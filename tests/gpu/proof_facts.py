@@ -28,7 +28,7 @@ DOCTYPE_RE = re.compile(r"<!DOCTYPE\s+nvidia_smi_log\s+SYSTEM\s+\"([^\"]+)\"")
 COMPARED = ("uuid", "name", "memory_total_mib", "compute_mode", "persistence_mode")
 # Fields of the facts that a real driver must fill (a reason in `unavailable` is a failure): all
 # enriched ones but those a lone GPU or an older driver lacks for good reason.
-OPTIONAL = ("nvlink_peers", "nvlink_switches", "nvml_numa_node")
+OPTIONAL = ("nvlink_peers", "nvlink_switches", "nvml_numa_node", "nvml_cpu_affinity")
 REQUIRED = tuple(key for key in gpu.ENRICHED_FIELDS if key not in OPTIONAL)
 SMI_TIMEOUT_S = 60
 

@@ -100,6 +100,9 @@ class FakeGpu:
     reset_needed: bool = False
     # {pid: GPU instance id} of compute processes inside a MIG GPU instance (else ANY_INSTANCE).
     process_instances: dict = field(default_factory=dict)
+    # CPUs of nvmlDeviceGetCpuAffinityWithinScope at NODE scope; None: NOT_SUPPORTED (as a
+    # driver without the call answers).
+    cpu_affinity: Optional[tuple] = None
 
     def __post_init__(self) -> None:
         if not self.uuid:
@@ -268,6 +271,23 @@ class FakeNvml:
         if gpu.numa_node_id is None:
             _raise(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return gpu.numa_node_id
+
+    def nvmlDeviceGetCpuAffinityWithinScope(self, handle, cpuSetSize, scope):
+        """pynvml's return: a ``c_ulonglong * cpuSetSize`` array, bit b of word w = CPU 64*w+b
+        (NVML API reference: CPUs 0, 1, 32 and 33 with cpuSetSize 2 on 32-bit words give
+        result[0] = 0x3, result[1] = 0x3; pynvml uses 64-bit words). NODE and SOCKET scope
+        answer the same CPUs here (one socket per node in the fake's machines)."""
+        gpu = self._enter("nvmlDeviceGetCpuAffinityWithinScope", handle)[1]
+        if scope not in (pynvml.NVML_AFFINITY_SCOPE_NODE, pynvml.NVML_AFFINITY_SCOPE_SOCKET):
+            _raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if gpu.cpu_affinity is None:
+            _raise(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        words = (ctypes.c_ulonglong * cpuSetSize)()
+        for cpu in gpu.cpu_affinity:
+            if cpu // 64 >= cpuSetSize:
+                _raise(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+            words[cpu // 64] |= 1 << (cpu % 64)
+        return words
 
     def _processes(self, name, handle, attribute):
         gpu = self._enter(name, handle)[1]

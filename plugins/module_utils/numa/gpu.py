@@ -51,7 +51,14 @@ ENRICHED_FIELDS = (
     "nvlink_peers",
     "nvlink_switches",
     "nvml_numa_node",
+    "nvml_cpu_affinity",
 )
+# node_source of a GPU whose sysfs numa_node is -1 and whose NVML CPU affinity at NODE scope
+# (nvmlDeviceGetCpuAffinityWithinScope, nvml_cpu_affinity) lies within exactly one node's CPUs.
+NODE_SOURCE_NVML = "nvml_cpu_affinity"
+# Words (64 CPUs each) asked of nvmlDeviceGetCpuAffinityWithinScope: 8192 CPUs, Linux's
+# largest NR_CPUS.
+NVML_AFFINITY_WORDS = 128
 _SYSFS_FIELDS = (
     "address",
     "vendor",
@@ -88,6 +95,7 @@ class SysfsGpu:
     switch: Optional[str]
     root_port: Optional[str]
     partition: Optional[dict]
+    numa_node_raw: Optional[int] = None  # the sysfs numa_node as written (-1: unknown)
 
 
 @dataclass(frozen=True)
@@ -236,6 +244,11 @@ def read_gpus(reader: Reader, node_cpus: dict) -> list:
         if dev.kind != "gpu":
             continue
         vendor = _VENDORS.get(dev.vendor_id or "", "unknown")
+        raw = getattr(dev, "numa_node_raw", None)
+        if raw is None:
+            raw = reader.integer(
+                reader.sys("bus", "pci", "devices", dev.address, "numa_node"), True
+            )
         gpus.append(
             SysfsGpu(
                 address=dev.address,
@@ -249,6 +262,7 @@ def read_gpus(reader: Reader, node_cpus: dict) -> list:
                 switch=dev.switch,
                 root_port=dev.root_port,
                 partition=partitions.get(dev.address) if vendor == "amd" else None,
+                numa_node_raw=raw,
             )
         )
     return gpus
@@ -377,11 +391,34 @@ def read_gpu_state(
 # Facts
 
 
-def merge(gpus: list, state: GpuState) -> tuple:
+def mig_reset_required(mig: dict) -> bool:
+    """Whether a GPU's MIG mode change waits for a GPU reset: ``mode_pending`` is known and is
+    not ``mode_current`` (NVML nvmlDeviceGetMigMode, nvidia-smi ``pending_mig``, a snapshot).
+
+    ``mig`` is the facts' ``mig`` dict of one GPU; never raises.
+    """
+    current, pending = mig.get("mode_current"), mig.get("mode_pending")
+    return current is not None and pending is not None and current != pending
+
+
+def node_from_affinity(affinity, node_cpus: dict) -> Optional[int]:
+    """The one node whose CPUs hold every CPU of ``affinity`` (NVML's NODE-scope CPU affinity
+    of a GPU, nvml_cpu_affinity), or None: no affinity, or it fits no node or several."""
+    if not affinity:
+        return None
+    wanted = set(affinity)
+    found = [nid for nid, cpus in node_cpus.items() if cpus and wanted <= set(cpus)]
+    return found[0] if len(found) == 1 else None
+
+
+def merge(gpus: list, state: GpuState, node_cpus: Optional[dict] = None) -> tuple:
     """(facts GPU list, warnings): sysfs GPUs joined with ``state`` by PCI address.
 
     sysfs stays the source of identity and locality; enriched values are credited to
-    ``state.label``. An address the enrichment reports but sysfs lacks, or an NVIDIA GPU the
+    ``state.label``; a GPU's ``mig`` gains ``reset_required`` (mig_reset_required), whichever
+    source gave it. A GPU whose sysfs locality is unknown takes the node of its NVML CPU
+    affinity (node_from_affinity over ``node_cpus`` {node: CPUs}), with node_source
+    NODE_SOURCE_NVML. An address the enrichment reports but sysfs lacks, or an NVIDIA GPU the
     enrichment does not report, becomes a warning; the latter also gets the reason for each
     enriched field in its ``unavailable``.
     """
@@ -406,16 +443,25 @@ def merge(gpus: list, state: GpuState) -> tuple:
         unavailable: dict = {}
         if record is not None:
             for key in ENRICHED_FIELDS:
-                entry[key] = copy.deepcopy(record[key])
+                entry[key] = copy.deepcopy(record.get(key))
                 if entry[key] is not None:
                     sources[key] = label
             unavailable = dict(record["unavailable"])
+            if isinstance(entry["mig"], dict):
+                entry["mig"]["reset_required"] = mig_reset_required(entry["mig"])
+            inferred = None
+            if entry["node"] is None and node_cpus:
+                inferred = node_from_affinity(entry["nvml_cpu_affinity"], node_cpus)
+            if inferred is not None:
+                entry["node"], entry["node_source"] = inferred, NODE_SOURCE_NVML
+                sources["node"] = sources["node_source"] = label
         elif gpu.vendor == "nvidia" and label is not None:
             reason = f"{label} did not report this GPU (another driver, a cgroup, or lost)"
             unavailable = dict.fromkeys(ENRICHED_FIELDS, reason)
             warnings.append({"path": gpu.address, "reason": reason})
         entry["sources"] = dict(sorted(sources.items()))
         entry["unavailable"] = dict(sorted(unavailable.items()))
+        entry["numa_node_raw"] = gpu.numa_node_raw
         entries.append(entry)
     known = {gpu.address for gpu in gpus}
     for address in sorted(set(state.gpus) - known, key=_address_key):
@@ -431,8 +477,9 @@ def read_gpu_topology(reader: Reader, state: GpuState) -> dict:
     Raises TopologyError when the roots are not a sysfs/procfs tree at all (Reader.check_roots).
     """
     reader.check_roots()
-    gpus = read_gpus(reader, topology.read_node_cpus(reader))
-    entries, warnings = merge(gpus, state)
+    node_cpus = topology.read_node_cpus(reader)
+    gpus = read_gpus(reader, node_cpus)
+    entries, warnings = merge(gpus, state, node_cpus)
     return {
         "gpus": entries,
         "nvml": dict(state.nvml),

@@ -14,6 +14,7 @@ from typing import Optional
 from .errors import NumaTuneError
 from .gpu import (
     _MIB,
+    NVML_AFFINITY_WORDS,
     SOURCE_NVML,
     GpuState,
     _address_key,
@@ -348,7 +349,32 @@ def _read_device(query: _Query, handle) -> dict:
     record["nvlink_peers"], record["nvlink_switches"] = _read_nvlink(query, handle, miss)
     node = query.attempt(miss, "nvml_numa_node", "nvmlDeviceGetNumaNodeId", handle)
     record["nvml_numa_node"] = node if isinstance(node, int) and node >= 0 else None
+    record["nvml_cpu_affinity"] = _read_cpu_affinity(query, handle, miss)
     return record
+
+
+def _read_cpu_affinity(query: _Query, handle, miss: dict) -> Optional[list]:
+    """CPUs of the GPU's ideal CPU affinity within its NUMA node (nvmlDeviceGetCpuAffinityWithin
+    Scope, NVML_AFFINITY_SCOPE_NODE): bit b of word w is CPU 64*w + b. None when NVML cannot
+    say (the reason in ``miss``) or the mask is empty."""
+    scope = query.constant("NVML_AFFINITY_SCOPE_NODE", 0)
+    words = query.attempt(
+        miss,
+        "nvml_cpu_affinity",
+        "nvmlDeviceGetCpuAffinityWithinScope",
+        handle,
+        NVML_AFFINITY_WORDS,
+        scope,
+    )
+    if words is None:
+        return None
+    cpus = [
+        64 * index + bit
+        for index, word in enumerate(words)
+        for bit in range(64)
+        if int(word) >> bit & 1
+    ]
+    return cpus or None
 
 
 def _link_switch_peers(gpus: dict) -> None:

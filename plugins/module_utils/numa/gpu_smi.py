@@ -127,7 +127,7 @@ def _xml_record(element) -> dict:
             _xml_int(item.findtext("pid")) for item in element.findall("processes/process_info")
         }
         record["processes"] = sorted(pid for pid in pids if pid is not None)
-    for key in ("nvlink_peers", "nvlink_switches", "nvml_numa_node"):
+    for key in ("nvlink_peers", "nvlink_switches", "nvml_numa_node", "nvml_cpu_affinity"):
         miss[key] = "not reported by nvidia-smi -q"
     return record
 

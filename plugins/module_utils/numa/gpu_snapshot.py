@@ -86,6 +86,8 @@ _MIG = _obj(
     mode_pending=_opt(_SWITCH),
     gpu_instances=_opt(_list(_GPU_INSTANCE)),
     supported_profiles=_opt(_list(_PROFILE)),
+    # derived from the two modes (gpu.mig_reset_required); recomputed when read back
+    reset_required=_absent_ok(_BOOL),
 )
 _RECORD = _obj(
     address=("address",),
@@ -99,6 +101,8 @@ _RECORD = _obj(
     nvlink_peers=_opt(_list(("address",))),
     nvlink_switches=_opt(_list(("address",))),
     nvml_numa_node=_opt(_INT),
+    # NVML's NODE-scope CPU affinity (gpu_nvml._read_cpu_affinity); absent in older snapshots
+    nvml_cpu_affinity=_absent_ok(_list(_INT)),
     unavailable=("map", _STR),
 )
 _SNAPSHOT = _obj(
@@ -206,6 +210,7 @@ def parse_snapshot(text: str, path: str) -> GpuState:
     gpus: dict = {}
     for index, item in enumerate(doc["gpus"]):
         address = item.pop("address").lower()
+        item.setdefault("nvml_cpu_affinity", None)  # a snapshot written before it was recorded
         if address in gpus:
             raise SnapshotError(path, f"gpus[{index}] repeats address {address}")
         gpus[address] = item

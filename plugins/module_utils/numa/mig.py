@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 from .errors import MigBackendError, MigError
+from .mig_holders import foreign, holders_message, read_holders
 from .units import check_path, escape_path, exec_line, header_lines, unit_document
 
 # Compute-instance profile ids by slice count: NVML_COMPUTE_INSTANCE_PROFILE_<N>_SLICE in nvml.h
@@ -686,6 +687,43 @@ def find_busy(plans: list, reset_ok: bool, blockers: list, procfs_root: Optional
     return busy, what
 
 
+def disruption(one: GpuPlan, reset: bool) -> str:
+    """What of ``one`` needs the GPU free of holders ('a MIG mode change', 'a GPU reset',
+    'destroying GPU instance(s) 2, 3'), or '' when it only creates instances (or nothing)."""
+    if one.mode_set:
+        return "a MIG mode change"
+    if reset:
+        return "a GPU reset"
+    if one.destroy:
+        return f"destroying GPU instance(s) {', '.join(str(gi.id) for gi in one.destroy)}"
+    return ""
+
+
+def check_holders(plans: list, holders: list, reset_ok: bool, blockers: list, owned_units) -> tuple:
+    """(Busy entries of owned processes that hold a GPU a plan disrupts, the holders of the
+    listed GPUs); raises MigError listing every foreign holder (mig_holders.foreign) of a GPU
+    whose instances would be destroyed, whose mode would change or that would be reset."""
+    blocked: dict = {}
+    what: dict = {}
+    extra = []
+    listed = []
+    for one in plans:
+        address = one.gpu.address
+        on_gpu = [h for h in holders if h.holds(address)]
+        listed.extend(h for h in on_gpu if h not in listed)
+        reason = disruption(one, _reset_wanted(one, reset_ok, blockers))
+        if not reason or not on_gpu:
+            continue
+        strangers = foreign(on_gpu, owned_units)
+        if strangers:
+            blocked[address], what[address] = strangers, reason
+            continue
+        extra.extend(Busy(address, h.pid, h.unit) for h in on_gpu)
+    if blocked:
+        raise MigError(holders_message(blocked, what))
+    return extra, tuple(listed)
+
+
 def units_to_stop(busy: list, what: dict, owned_units: list) -> list[str]:
     """Owned units to stop so that the change can run; raises MigError when another process is busy."""
     owned = set(owned_units)
@@ -721,6 +759,8 @@ class Host:
     systemctl: str = "systemctl"
     procfs_root: str = "/proc"
     sysfs_root: str = "/sys"
+    # PIDs that hold the GPUs for this change itself (the module's own process has NVML open)
+    exclude_pids: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -752,6 +792,7 @@ class Outcome:
     reset_blockers: tuple
     would_run: tuple
     ran: tuple
+    holders: tuple = ()  # mig_holders.Holder of the listed GPUs (reported, never stopped)
 
     @property
     def changed(self) -> bool:
@@ -1163,16 +1204,56 @@ def converge(
 ) -> Outcome:
     """Read, plan, check for busy GPUs, then predict (check/render) or apply; raises MigError.
 
-    Render mode (a snapshot backend) never runs anything and reports busy processes without
-    refusing; otherwise a change that disrupts a process outside ``owned_units`` is refused.
+    Render mode (a snapshot backend) never runs anything and reports the snapshot's busy
+    processes without refusing; otherwise a change that disrupts a process outside
+    ``owned_units`` is refused. In every mode, a change that destroys instances, changes a mode
+    or resets a GPU that a holder outside ``owned_units`` has open (check_holders: processes
+    with /dev/nvidia* open, nvidia-persistenced, DCGM, nv-fabricmanager, nvidia_drm) is refused
+    with the full list.
     """
     plans = plan(backend.read(), requests)
     blockers = [] if render else read_reset_blockers(host.procfs_root, host.sysfs_root)
     busy, what = find_busy(plans, reset_ok, blockers, None if render else host.procfs_root)
+    # Every holder of a GPU whose instances are destroyed or whose mode changes, also those
+    # NVML does not list, in every mode (render mode reads the roots it is given).
+    holders = read_holders(host.procfs_root, host.sysfs_root, None, host.exclude_pids)
+    extra, listed = check_holders(plans, holders, reset_ok, blockers, owned_units)
+    known = {(b.address, b.pid) for b in busy}
+    for item in extra:
+        if (item.address, item.pid) not in known:
+            busy.append(item)
+            what.setdefault(item.address, disruption_of(plans, item.address, reset_ok, blockers))
     stop = [] if render else units_to_stop(busy, what, owned_units)
     if check_mode or render:
-        return predict(backend, plans, reset_ok, blockers, stop, busy)
-    return apply(backend, host, plans, reset_ok, blockers, stop, busy)
+        outcome = predict(backend, plans, reset_ok, blockers, stop, busy)
+    else:
+        outcome = apply(backend, host, plans, reset_ok, blockers, stop, busy)
+    gpus = tuple(
+        replace(item, actions=item.actions + holder_notes(item.plan, listed, reset_ok, blockers))
+        for item in outcome.gpus
+    )
+    return replace(outcome, gpus=gpus, holders=listed)
+
+
+def holder_notes(one: GpuPlan, holders: tuple, reset_ok: bool, blockers: list) -> tuple:
+    """'note: ...' action lines naming the (not blocking) holders of ``one``'s GPU."""
+    reason = disruption(one, _reset_wanted(one, reset_ok, blockers))
+    how = (
+        f"its unit is stopped and started around {reason}"
+        if reason
+        else "creating instances in free slices does not disturb it"
+    )
+    return tuple(
+        f"note: GPU {one.gpu.address} is held by {h.text()}; {how}"
+        for h in holders
+        if h.holds(one.gpu.address)
+    )
+
+
+def disruption_of(plans: list, address: str, reset_ok: bool, blockers: list) -> str:
+    """disruption() of the plan of GPU ``address``."""
+    one = next(item for item in plans if item.gpu.address == address)
+    return disruption(one, _reset_wanted(one, reset_ok, blockers))
 
 
 # ---------------------------------------------------------------------------------------------

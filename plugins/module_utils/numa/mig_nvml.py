@@ -550,6 +550,7 @@ def run(params: dict, check_mode: bool, runner, which, load_nvml) -> dict:
                 systemctl=(which("systemctl") or "systemctl") if systemd else "systemctl",
                 procfs_root=params["procfs_root"],
                 sysfs_root=params["sysfs_root"],
+                exclude_pids=(os.getpid(),),  # this process has NVML open: not a holder
             )
             outcome = converge(
                 backend,
@@ -569,7 +570,7 @@ def run(params: dict, check_mode: bool, runner, which, load_nvml) -> dict:
     if render and requests and not check_mode:
         rendered = render_into_snapshot(params["snapshot"], outcome)
         if rendered:
-            after = converge(SnapshotBackend(params["snapshot"]), requests, Host(), render=True)
+            after = converge(SnapshotBackend(params["snapshot"]), requests, host, render=True)
             outcome = Outcome(
                 tuple(
                     replace(item, layout=again.layout)
@@ -580,6 +581,7 @@ def run(params: dict, check_mode: bool, runner, which, load_nvml) -> dict:
                 outcome.reset_blockers,
                 outcome.would_run,
                 outcome.ran,
+                outcome.holders,
             )
     # Every file this module can write; with no GPU requested none is wanted, and the ones an
     # earlier run wrote are removed (the boot unit disabled first), so a host whose MIG
@@ -645,6 +647,7 @@ def run(params: dict, check_mode: bool, runner, which, load_nvml) -> dict:
         "reset_required": any(item.reset_required for item in outcome.gpus),
         "reset_blockers": list(outcome.reset_blockers),
         "busy": [b.as_dict() for b in outcome.busy],
+        "holders": [h.as_dict() for h in outcome.holders],
         "stopped_units": list(outcome.stopped_units),
         "would_run": list(outcome.would_run) + _unit_would_run(changes, unit_path, systemd),
         "ran": list(outcome.ran) + extra_ran,

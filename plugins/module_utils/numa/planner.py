@@ -114,6 +114,7 @@ class _Gpu:
         "mps_clients",
         "mps_pinned_kb",
         "mps_pct",
+        "mig_pending",
     )
 
     def __init__(self, entry: dict, cpu_node: Optional[int]) -> None:
@@ -130,6 +131,13 @@ class _Gpu:
         self.mig_mode_current = self.mig_mode
         # The mode the driver applies at the next GPU reset (nvidia-smi's pending_mig).
         self.mig_mode_pending = mig.get("mode_pending", self.mig_mode)
+        # A MIG mode change waits for a GPU reset (facts mig.reset_required): no new instance
+        # is planned on this GPU until it applies (pending_refusal).
+        self.mig_pending = (
+            self.mig_mode_current is not None
+            and self.mig_mode_pending is not None
+            and self.mig_mode_current != self.mig_mode_pending
+        )
         self.mig_declared = None  # the numafleet_mig_gpus entry of this GPU
         self.mig_leaving = False  # declared disabled while MIG is on: not a whole GPU yet
         profiles = mig.get("supported_profiles")
@@ -166,16 +174,22 @@ class _Gpu:
     def mig_capable(self) -> bool:
         return self.mig_profiles is not None
 
-    def mig_pick(self, profile: str, start: Optional[int] = None) -> Optional[tuple]:
+    def mig_pick(
+        self, profile: str, start: Optional[int] = None, pending_ok: bool = False
+    ) -> Optional[tuple]:
         """(start, size, device_uuid, existing) of the instance a new MIG client gets, or None.
 
-        start: only the instance at that slice (a kept placement's recorded slot).
+        start: only the instance at that slice (a kept placement's recorded slot). While the
+        GPU's MIG mode is pending (mig_pending) only existing instances are given, unless
+        pending_ok (a kept placement that was already waiting for its instance).
         """
         for slot_start, size, name, uuid in self.mig_existing:
             if start is not None and slot_start != start:
                 continue
             if name == profile and slot_start not in self.claimed:
                 return slot_start, size, uuid, True
+        if self.mig_pending and not pending_ok:
+            return None
         if self.mig_declared is not None and self.mig_declared.layout is not None:
             # A declared layout is exact: only its instances still to be created are left.
             for slot in self.slots:
@@ -207,15 +221,16 @@ def waits_for_instance(gpu: _Gpu, profile: str, start: int) -> dict:
     """waits_for of a placement whose MIG instance does not exist yet (no I/O).
 
     {"mig_instance": "<profile> at slice <start> of GPU <address>", "gpu": address, "profile",
-    "start", "reason"}: reason is WAIT_PENDING_RESET when the GPU's MIG mode is set but pending
-    until a GPU reset (facts mig.mode_pending "enabled", mode_current not), WAIT_MODE_THEN_CREATE
-    when MIG mode is off (the MIG layer enables it, then creates the instance, unless the GPU
-    needs a reset first), else WAIT_CREATE (the MIG layer creates it in this run).
+    "start", "reason"}: reason is WAIT_PENDING_RESET when the GPU's MIG mode change is pending
+    until a GPU reset (facts mig.reset_required; only a kept placement that already waited gets
+    this: a new one is refused, pending_refusal), WAIT_MODE_THEN_CREATE when MIG mode is off (the
+    MIG layer enables it, then creates the instance, unless the GPU needs a reset first), else
+    WAIT_CREATE (the MIG layer creates it in this run).
     """
-    if gpu.mig_mode_current == "enabled":
-        reason = WAIT_CREATE
-    elif gpu.mig_mode_pending == "enabled":
+    if gpu.mig_pending:
         reason = WAIT_PENDING_RESET
+    elif gpu.mig_mode_current == "enabled":
+        reason = WAIT_CREATE
     else:
         reason = WAIT_MODE_THEN_CREATE
     return {
@@ -225,6 +240,34 @@ def waits_for_instance(gpu: _Gpu, profile: str, start: int) -> dict:
         "start": start,
         "reason": reason,
     }
+
+
+def pending_text(gpu: _Gpu) -> str:
+    """'GPU 0000:17:00.0 has MIG mode disabled with enabled pending until a GPU reset'."""
+    return (
+        f"GPU {gpu.address} has MIG mode {gpu.mig_mode_current} with {gpu.mig_mode_pending} "
+        "pending until a GPU reset (facts mig.reset_required)"
+    )
+
+
+PENDING_FIX = (
+    "reset the GPU so that the pending mode applies (nvidia-smi --gpu-reset -i {address} once "
+    "nothing holds it, or the nvidia_mig role's reset option nvidia_mig_reset_ok: true, "
+    "numafleet_mig_reset_ok for site.yml) or reboot the host, then gather facts and plan again"
+)
+
+
+def pending_refusal(host: str, where: str, profile: str, gpus: list) -> PlacementError:
+    """The error of a placement (at ``where``) that needs a new ``profile`` MIG instance and
+    whose only candidate GPUs ``gpus`` have a MIG mode change pending (no I/O)."""
+    first = gpus[0]
+    named = "; ".join(pending_text(gpu) for gpu in gpus)
+    return PlacementError(
+        host,
+        f"{where}.mig_profile: {profile} needs a new MIG instance, but {named}: no MIG "
+        f"instance is planned on {'it' if len(gpus) == 1 else 'them'} until the mode applies; "
+        + PENDING_FIX.format(address=first.address),
+    )
 
 
 def waits_text(entry: dict) -> str:
@@ -804,6 +847,12 @@ class _Host:
         slots.sort(key=lambda slot: slot[0])
         gpu.mig_existing = [slot[:4] for slot in slots if slot[5]]
         gpu.slots = slots
+        lacking = [f"{slot[2]}@{slot[0]}" for slot in slots if not slot[5]]
+        if gpu.mig_pending and lacking:
+            self.facts_warnings.append(
+                f"{pending_text(gpu)}: {where}.layout lacks {', '.join(lacking)}, which "
+                "no run creates until the mode applies; " + PENDING_FIX.format(address=gpu.address)
+            )
 
     # -- messages --------------------------------------------------------------------------
 
@@ -1096,6 +1145,11 @@ class _Planner:
         device = self._near_device(p)
         label = _device_label(device)
         nid = device.get("node")
+        gpu = state.gpu_by_id.get(device["address"])
+        if nid is None and gpu is not None and gpu.node is not None:
+            # The PCI facts say unknown; the GPU facts know it (NVML's CPU affinity).
+            nid = gpu.node
+            device = dict(device, node=nid, node_source="gpu_topology")
         if nid is None:
             raise PlacementError(
                 state.host,
@@ -1134,6 +1188,9 @@ class _Planner:
     def _check_mig(self, p, listed: list) -> None:
         state = self.state
         capable = [gpu for gpu in state.gpus if gpu.mig_capable]
+        pending = [gpu for gpu in listed or state.gpus if gpu.mig_pending]
+        if not capable and pending:
+            raise pending_refusal(state.host, p.where, p.mig_profile, pending)
         if not capable:
             raise PlacementError(
                 state.host,
@@ -1141,6 +1198,8 @@ class _Planner:
                 "(nvidia-smi -mig 1) on a GPU or remove mig_profile",
             )
         candidates = listed or capable
+        if listed and not listed[0].mig_capable and listed[0].mig_pending:
+            raise pending_refusal(state.host, p.where, p.mig_profile, listed[:1])
         if listed and not listed[0].mig_capable:
             raise PlacementError(
                 state.host,
@@ -1598,6 +1657,16 @@ class _Planner:
         if p.mig_profile is not None:
             need = f"needs a free {p.mig_profile} MIG slot and {_count(p.cpu_count, 'CPU')}{on}"
             free = self._free_mig_profiles(listed)
+            if p.mig_profile not in free:
+                pending = [
+                    g
+                    for g in listed or state.gpus
+                    if g.mig_pending
+                    and g.mig_capable
+                    and g.mig_pick(p.mig_profile, pending_ok=True) is not None
+                ]
+                if pending:
+                    return pending_refusal(state.host, p.where, p.mig_profile, pending)
             where = f"GPU {listed[0].address}" if listed else "the MIG GPUs"
             if p.mig_profile in free:
                 fix = "Lower cpus or memory, or remove another placement."
@@ -1912,6 +1981,12 @@ class _Planner:
                 "its unit is written with CUDA_VISIBLE_DEVICES empty (no GPU) but not enabled "
                 "or started until the instance exists and the plan is made again"
             )
+        if fit.mig is not None and fit.gpus[0].mig_pending:
+            warnings.append(
+                f"{pending_text(fit.gpus[0])}: its MIG instance {p.mig_profile}@{fit.mig[0]} is "
+                "kept (no move, no removal) and no new instance is planned on this GPU until the "
+                f"mode applies; {PENDING_FIX.format(address=fit.gpus[0].address)}"
+            )
         for gpu in fit.gpus:
             if gpu.cpu_node is not None and gpu.cpu_node not in fit.nodes:
                 warnings.append(
@@ -2130,6 +2205,10 @@ class _Planner:
                 if not gpu.mig_capable or p.mig_profile is None:
                     return f"GPU {gpu.address} no longer serves MIG instances"
                 pick = gpu.mig_pick(p.mig_profile, mig["placement_start"])
+                if pick is None and gpu.mig_pending and mig.get("existing") is False:
+                    # It waited for its instance already: it keeps waiting on its slot (no
+                    # move, no removal); the MIG layer creates it only once the mode applies.
+                    pick = gpu.mig_pick(p.mig_profile, mig["placement_start"], pending_ok=True)
                 if pick is None:
                     return (
                         f"its MIG slot {p.mig_profile}@{mig['placement_start']} of GPU "
@@ -2182,6 +2261,7 @@ def _gpus_out(state: _Host, order: dict) -> tuple:
                     }
                     for start, size, profile, uuid, owner, dummy, compute in gpu.slots
                 ],
+                "reset_required": gpu.mig_pending,
             }
         elif gpu.mig_mode is not None:
             mig = {
@@ -2189,6 +2269,7 @@ def _gpus_out(state: _Host, order: dict) -> tuple:
                 "mode_current": gpu.mig_mode_current,
                 "declared": declared,
                 "layout": [],
+                "reset_required": gpu.mig_pending,
             }
         mps = None
         if gpu.use == "mps":
@@ -2236,7 +2317,10 @@ def _mig_gpus_out(gpus: list) -> list:
     """The desired MIG state per GPU, as numafleet.tuning.nvidia_mig takes it (option gpus).
 
     Listed: GPUs that numafleet_mig_gpus declares and GPUs in MIG mode; a GPU with MIG off that
-    is not declared is left alone.
+    is not declared is left alone. On a GPU whose MIG mode change is pending (reset_required)
+    the only instances still to be created are those planned before (kept placements, declared
+    layouts): the MIG layer creates them once the mode applies (its reset, or the boot unit after
+    a reboot), never while it is pending.
     """
     out = []
     for gpu in gpus:

@@ -730,23 +730,31 @@ def test_a_unit_that_waited_for_a_reset_is_started_by_the_run_after_it(
     assert calls(systemctl) == [] and third["changed"] is False
 
 
-def _pending_reset(snapshot: str) -> None:
-    """GPU 17:00.0 with MIG mode set but pending a reset (Ampere): no instance yet."""
+def _pending_reset(snapshot: str, pending: str = "enabled") -> None:
+    """GPU 17:00.0 with MIG mode off and ``pending`` pending a reset (Ampere): no instance."""
     data = json.loads(Path(snapshot).read_text())
     gpu = next(g for g in data["gpus"] if g["address"] == "0000:17:00.0")
-    gpu["mig"].update(mode_current="disabled", mode_pending="enabled", gpu_instances=[])
+    gpu["mig"].update(mode_current="disabled", mode_pending=pending, gpu_instances=[])
     Path(snapshot).write_text(json.dumps(data))
 
 
 def test_while_a_reset_is_pending_the_waiting_units_are_no_drift(run_module, demo):
     """The drift check (host_apply in check mode) after the apply: the MIG layer owes the reset,
-    the units layer has nothing to do although three placements wait for their instances."""
+    the units layer has nothing to do although three placements wait for their instances.
+
+    They were planned while MIG was off (created once MIG mode is on); the run enabled MIG and
+    the change stays pending: the plan made now keeps them waiting (a pending GPU gets no new
+    instance, but what was planned is not moved or removed)."""
     from ansible_collections.numafleet.tuning.plugins.module_utils.numa import layers
 
     snapshot = f"{demo['fsroot']}/gpu-snapshot.json"
-    _pending_reset(snapshot)
+    _pending_reset(snapshot, "disabled")
     empty = {"version": 1, "host": "gpu-a100-01", "placements": []}
-    plan = layers.replan(empty, _replan_settings(demo), _Host())
+    before = layers.replan(empty, _replan_settings(demo), _Host())
+    _pending_reset(snapshot)
+    plan = layers.replan(before, _replan_settings(demo), _Host())
+    assert set(plan["stability"].values()) == {"kept"}
+    assert plan["mig_gpus"] == before["mig_gpus"]
     waiting = {p["name"]: p["waits_for"] for p in plan["placements"] if p["waits_for"]}
     assert sorted(waiting) == ["classify", "embed", "rerank-mini-a"]
     assert {w["reason"] for w in waiting.values()} == {"mode change pending a reset"}

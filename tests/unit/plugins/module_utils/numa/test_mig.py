@@ -238,10 +238,15 @@ def test_reset_ok_with_blockers_is_refused(tmp_path):
     (d / "comm").write_text("nvidia-persiste\n")
     nvml = fake.FakeNvml([a100(mig=(OFF, OFF), reset_needed=True)])
     runner = Recorder(nvml)
-    out = converge(nvml, [{"profile": "7g.80gb"}], tmp_path, reset_ok=True, runner=runner)
-    assert out.gpus[0].reset_required and not any("--gpu-reset" in a for a in runner.argv)
-    assert any("nvidia_drm" in b for b in out.reset_blockers)
-    assert any("nvidia-persistenced (pid 900)" in b for b in out.reset_blockers)
+    # Issue 22: the holders block the mode change itself (not only the reset), with the list.
+    with pytest.raises(MigError) as caught:
+        converge(nvml, [{"profile": "7g.80gb"}], tmp_path, reset_ok=True, runner=runner)
+    assert "(a MIG mode change) is held by pid 900 (nvidia-persistenced" in str(caught.value)
+    assert "the nvidia_drm kernel module" in str(caught.value)
+    assert runner.argv == [] and nvml.gpus[0].mig == (OFF, OFF)
+    blockers = mig.read_reset_blockers(str(tmp_path / "proc"), str(tmp_path / "sys"))
+    assert any("nvidia_drm" in b for b in blockers)
+    assert any("nvidia-persistenced (pid 900)" in b for b in blockers)
 
 
 def test_hopper_mode_change_applies_without_reset(tmp_path):

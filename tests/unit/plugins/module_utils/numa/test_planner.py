@@ -599,7 +599,13 @@ def test_mig_gpu_is_never_given_whole_and_whole_gpus_never_get_mig(machine_facts
     by = {g["address"]: g for g in result["gpus"]}
     assert (by["0000:31:00.0"]["use"], by["0000:31:00.0"]["mig"]) == (
         "whole",
-        {"mode": "disabled", "mode_current": "disabled", "declared": False, "layout": []},
+        {
+            "mode": "disabled",
+            "mode_current": "disabled",
+            "declared": False,
+            "layout": [],
+            "reset_required": False,
+        },
     )
     assert by["0000:17:00.0"]["use"] == "mig"
     with pytest.raises(PlanError, match=r"\(w\) needs 2 GPUs on NUMA node 0"):
@@ -1617,7 +1623,13 @@ def test_declared_disabled_gpu_is_whole_only_once_mig_is_off(machine_facts):
     result = plan_mig(machine_facts, A100, [p("three", gpus=3, cpus=4, allow_span=True)], declared)
     assert MIG_GPU not in addresses(by_name(result)["three"])
     mig = {g["address"]: g for g in result["gpus"]}[MIG_GPU]["mig"]
-    assert mig == {"mode": "disabled", "mode_current": "enabled", "declared": True, "layout": []}
+    assert mig == {
+        "mode": "disabled",
+        "mode_current": "enabled",
+        "declared": True,
+        "layout": [],
+        "reset_required": False,
+    }
     with pytest.raises(PlanError, match="needs 4 GPUs"):
         plan_mig(machine_facts, A100, [p("all", gpus=4, cpus=4, allow_span=True)], declared)
     with pytest.raises(PlacementError) as err:
@@ -1662,7 +1674,13 @@ def test_declared_enable_on_a_gpu_without_listed_profiles(machine_facts):
     gpu = "0000:18:00.0"  # H100 fixture: MIG disabled, profiles not listed
     result = plan_mig(machine_facts, H100, [p("whole", gpus=8, cpus=2)][:0], [{"gpu": gpu}])
     mig = {g["address"]: g for g in result["gpus"]}[gpu]["mig"]
-    assert mig == {"mode": "enabled", "mode_current": "disabled", "declared": True, "layout": []}
+    assert mig == {
+        "mode": "enabled",
+        "mode_current": "disabled",
+        "declared": True,
+        "layout": [],
+        "reset_required": False,
+    }
     with pytest.raises(PlanError, match="needs 8 GPUs"):
         plan_mig(machine_facts, H100, [p("whole", gpus=8, cpus=2, allow_span=True)], [{"gpu": gpu}])
     with pytest.raises(PlacementError) as err:
@@ -1789,10 +1807,7 @@ def _mig_off(machine_facts, pending: str) -> tuple:
 
 @pytest.mark.parametrize(
     ("pending", "reason"),
-    [
-        ("enabled", "mode change pending a reset"),
-        ("disabled", "created in this run once MIG mode is on"),
-    ],
+    [("disabled", "created in this run once MIG mode is on")],
 )
 def test_placement_waits_for_an_instance_of_a_gpu_whose_mig_mode_is_off(
     machine_facts, pending, reason
