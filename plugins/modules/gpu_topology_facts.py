@@ -184,7 +184,8 @@ ansible_facts:
               sample: 0
             node_source:
               description:
-                - V(numa_node) (sysfs said so), V(local_cpulist) (local CPUs equal exactly one node's CPUs), V(nvml_cpu_affinity),
+                - V(numa_node) (sysfs said so), V(local_cpulist) (local CPUs equal exactly one node's CPUs),
+                  V(local_cpulist_subset) (a proper, non-empty subset of exactly one node's CPUs), V(nvml_cpu_affinity),
                   or V(null).
                 - V(nvml_cpu_affinity) when sysfs leaves the node unknown and NVML's CPU affinity at NODE scope
                   (RV(ansible_facts.gpu_topology.gpus[].nvml_cpu_affinity)) lies within exactly one node's CPUs; C(sources.node) then

@@ -236,7 +236,7 @@ def read_gpus(reader: Reader, node_cpus: dict) -> list:
     """NVIDIA and AMD GPUs under <sysfs_root>/bus/pci/devices with their locality, by address.
 
     ``node_cpus`` ({node: CPUs}) lets a GPU whose ``numa_node`` is -1 take the one node whose CPUs
-    equal its local CPUs. Bad files become warnings on ``reader``; nothing raises.
+    equal, or strictly contain, its local CPUs (pci.infer_node). Bad files become warnings on ``reader``; nothing raises.
     """
     partitions = read_amd_partitions(reader)
     gpus = []
@@ -244,11 +244,6 @@ def read_gpus(reader: Reader, node_cpus: dict) -> list:
         if dev.kind != "gpu":
             continue
         vendor = _VENDORS.get(dev.vendor_id or "", "unknown")
-        raw = getattr(dev, "numa_node_raw", None)
-        if raw is None:
-            raw = reader.integer(
-                reader.sys("bus", "pci", "devices", dev.address, "numa_node"), True
-            )
         gpus.append(
             SysfsGpu(
                 address=dev.address,
@@ -262,7 +257,7 @@ def read_gpus(reader: Reader, node_cpus: dict) -> list:
                 switch=dev.switch,
                 root_port=dev.root_port,
                 partition=partitions.get(dev.address) if vendor == "amd" else None,
-                numa_node_raw=raw,
+                numa_node_raw=dev.numa_node_raw,
             )
         )
     return gpus
