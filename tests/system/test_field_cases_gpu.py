@@ -67,7 +67,7 @@ def test_pending_mig_mode_gets_no_instance_and_the_refusal_names_gpu_and_fix(
     assert "mig_profile: 3g.40gb needs a new MIG instance" in text, text
     assert f"GPU {GPU} has MIG mode disabled with enabled pending until a GPU reset" in text
     assert "no MIG instance is planned on it until the mode applies" in text
-    assert f"nvidia-smi --gpu-reset -i {GPU}" in text and "nvidia_mig_reset_ok: true" in text
+    assert f"nvidia-smi --gpu-reset -i {GPU}" in text and "run site.yml again" in text
     assert "reboot the host" in text
     # Refused before the gate: nothing applied, the recording keeps no new instance.
     assert not run.results(HOST, APPLY_TASK) or all(

@@ -252,8 +252,7 @@ def pending_text(gpu: _Gpu) -> str:
 
 PENDING_FIX = (
     "reset the GPU so that the pending mode applies (nvidia-smi --gpu-reset -i {address} once "
-    "nothing holds it, or the nvidia_mig role's reset option nvidia_mig_reset_ok: true, "
-    "numafleet_mig_reset_ok for site.yml) or reboot the host, then gather facts and plan again"
+    "nothing holds it) or reboot the host, then run site.yml again"
 )
 
 

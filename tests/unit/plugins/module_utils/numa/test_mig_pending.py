@@ -161,7 +161,7 @@ def test_pending_enable_refuses_a_new_instance_naming_gpu_modes_and_fix(a100):
     assert f"GPU {MIG_GPU} has MIG mode disabled with enabled pending until a GPU reset" in text
     assert "no MIG instance is planned on it until the mode applies" in text
     assert f"nvidia-smi --gpu-reset -i {MIG_GPU}" in text
-    assert "nvidia_mig_reset_ok: true" in text and "reboot the host" in text
+    assert "reboot the host" in text and "run site.yml again" in text
 
 
 def test_pending_enable_without_declaration_is_refused_with_the_pending_message(a100):
