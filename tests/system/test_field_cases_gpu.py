@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -91,3 +92,43 @@ def test_mig_change_in_check_mode_lists_every_foreign_holder_and_refuses(tmp_pat
     assert "pid 5120" not in msg  # a shell on a terminal holds no GPU
     assert "Stop them" in msg and "reboot the host" in msg
     assert demo.snapshot.read_text() == recorded  # check mode wrote nothing
+
+
+# (c) A KVM guest's GPU 0000:06:00.0 has numa_node -1 and local CPUs over both nodes (demo host
+#     vm-gpu-01), so sysfs cannot place it. Recorded with NVML's CPU affinity at NODE scope on
+#     node 0's CPUs (nvmlDeviceGetCpuAffinityWithinScope, as a guest with vNUMA reports it), the
+#     GPU takes node 0 from NVML (node_source nvml_cpu_affinity): whisper, pinned to that GPU,
+#     is planned on node 0 without the unknown-locality warning it has as shipped.
+VM_HOST = "vm-gpu-01"
+VM_GPU = "0000:06:00.0"
+SUMMARY_TASK = "Print the plan summary"
+
+
+def _cpulist(text: str) -> list:
+    ids = []
+    for part in text.strip().split(","):
+        first, dummy, last = part.partition("-")
+        ids.extend(range(int(first), int(last or first) + 1))
+    return ids
+
+
+def test_nvml_cpu_affinity_places_a_gpu_that_sysfs_leaves_unknown(tmp_path, ansible_ready):
+    demo = Demo(tmp_path)
+    fsroot = tmp_path / ".demo" / VM_HOST
+    node0 = _cpulist((fsroot / "sys/devices/system/node/node0/cpulist").read_text())
+    run = ansible_playbook(REPO / "site.yml", demo.inventory, "--limit", VM_HOST)
+    assert run.rc == 0, run.explain()
+    shipped = run.one(VM_HOST, SUMMARY_TASK)["msg"]
+    assert "whisper node" in shipped and "1 warning" in shipped, shipped
+
+    snapshot = fsroot / "gpu-snapshot.json"
+    data = json.loads(snapshot.read_text())
+    (gpu,) = [g for g in data["gpus"] if g["address"] == VM_GPU]
+    gpu["nvml_cpu_affinity"] = node0
+    gpu["unavailable"].pop("nvml_cpu_affinity", None)
+    snapshot.write_text(json.dumps(data))
+    run = ansible_playbook(REPO / "site.yml", demo.inventory, "--limit", VM_HOST, "--check")
+    assert run.rc == 0, run.explain()
+    line = run.one(VM_HOST, SUMMARY_TASK)["msg"]
+    assert "whisper node0 " in line, line
+    assert "warning" not in line, line
