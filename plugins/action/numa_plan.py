@@ -166,6 +166,9 @@ class ActionModule(ControllerAction):
                 hugepages_extra=plain(extra),
                 mig_gpus=plain(mig_gpus),
                 recorded=kept,
+                recorded_daemons=((recorded or {}).get("plan") or {}).get("mps_daemons")
+                if kept is not None
+                else None,
             )
             summary = plan_summary(plan)
             old_plan = recorded["plan"] if valid is not None else None

@@ -41,6 +41,13 @@ description:
   - Explicit pins (GPU addresses or UUIDs in C(gpus), a NUMA node in C(node), a cpulist in
     C(cpus)) are honoured and validated. A GPU whose NUMA locality is unknown is used
     only when pinned or when no known-locality GPU fits, and the plan then carries a warning.
+  - The allowed cpuset (C(ansible_facts.numa.allowed)) bounds the plan. A GPU on a node none of
+    whose CPUs a placement can use (outside the allowed cpuset, isolated or reserved) stays on
+    its node; a GPU count never takes it, C(gpus) listing it (also a placement the plan applied
+    last there) fails naming the node, the sets and their cpus file, unless C(allow_span) (then
+    the placement warns that its GPU traffic crosses nodes). An allowed cpuset that names no
+    online CPU or memory node fails naming its file. Messages about memory nodes name the mems
+    file (C(cpuset.mems.effective)), and C(node) on a node without usable CPUs fails saying why.
   - C(near) anchors a placement on a PCI device of C(ansible_facts.numa.pci_devices) (a NIC, an
     NVMe drive, CXL memory or a GPU), given by its address (V(0000:4b:00.0) or the short
     V(4b:00.0)). The placement is planned as if C(node) were the device's node, so its CPUs,
@@ -521,8 +528,11 @@ ansible_facts:
               (host paths a manifest lists that are no longer as numafleet wrote them, for example
               edited, a link, or outside the unit directory; the apply modules keep them, never
               stopped or deleted), C(waiting) (unit -> a line saying which MIG instance it waits
-              for and why; written, not started, not in C(start)) and C(reload). A unit that
-              waited in the recorded plan and waits no more is in C(start), not C(restart).
+              for and why; written, not started, not in C(start)), C(reload) and
+              C(restart_reasons) (MPS daemon unit -> why it restarts when its CPUs or memory
+              nodes change; it starts with V(its CPUs change) and names the old and new CPUs, those
+              that left the allowed cpuset and its source; the change plan prints it as a C(why) line). A unit
+              that waited in the recorded plan and waits no more is in C(start), not C(restart).
           type: dict
           sample: {start: [], stop: [], restart: [numafleet-rerank-b.service], restart_through: {}}
         mig:

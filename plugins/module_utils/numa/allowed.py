@@ -206,6 +206,18 @@ def read_allowed(
     for source in sources:
         if not source["applies"]:
             continue
+        for key, path_key, every, noun in (
+            ("cpus", "path", online, "CPUs"),
+            ("mems", "mems_path", node_ids, "memory nodes"),
+        ):
+            named = source[key]
+            if named is not None and not set(named) & set(every):
+                reader.warn(
+                    source[path_key],
+                    f"names {noun} {format_cpulist(named)}, none of them online (online: "
+                    f"{format_cpulist(every) or 'none'}): services may run nowhere; the planner "
+                    "refuses to plan",
+                )
         if source["cpus"] is not None:
             cpus &= set(source["cpus"])
         if source["mems"] is not None:
@@ -218,8 +230,13 @@ def read_allowed(
     }
 
 
-def narrowing_sources(allowed: dict, online: list, node_ids: list) -> list:
-    """'cgroup2_slice (<path>)' of each applied source that takes CPUs or nodes away."""
+def narrowing_sources(allowed: dict, online: list, node_ids: list, which: str = "both") -> list:
+    """'cgroup2_slice (<path>)' of each applied source that takes CPUs or nodes away.
+
+    which: "cpus" names the sources that narrow the CPUs by their cpus file
+    (cpuset.cpus.effective), "mems" those that narrow the memory nodes by their mems file
+    (cpuset.mems.effective), "both" either, with both files when a source narrows both.
+    """
     named = []
     for source in allowed.get("sources") or ():
         if not isinstance(source, dict) or not source.get("applies"):
@@ -227,9 +244,13 @@ def narrowing_sources(allowed: dict, online: list, node_ids: list) -> list:
         cpus, mems = source.get("cpus"), source.get("mems")
         fewer_cpus = isinstance(cpus, list) and not set(cpus) >= set(online)
         fewer_mems = isinstance(mems, list) and not set(mems) >= set(node_ids)
-        if fewer_cpus or fewer_mems:
-            path = source.get("path") if fewer_cpus else source.get("mems_path")
-            named.append(f"{source.get('source')} ({path})")
+        paths = []
+        if fewer_cpus and which in ("cpus", "both"):
+            paths.append(source.get("path"))
+        if fewer_mems and which in ("mems", "both") and source.get("mems_path") not in paths:
+            paths.append(source.get("mems_path"))
+        if paths:
+            named.append(f"{source.get('source')} ({', '.join(str(p) for p in paths)})")
     return named
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Optional
 
 from . import mps, units
+from .cpulist import format_cpulist
 from .planner import placement_text, waits_text
 from .recorded import MANIFEST_PATHS, digest
 from .units import unit_of
@@ -138,6 +139,58 @@ def _managed_units(paths) -> list:
         if unit.endswith(".service") and unit != mps.TEMPLATE_UNIT:
             found.add(unit)
     return sorted(found)
+
+
+def _set_text(values) -> str:
+    return format_cpulist(sorted(values)) or "none"
+
+
+def daemon_restart_reasons(old_plan: Optional[dict], new_plan: dict, restarted) -> dict:
+    """{unit: why}: why each MPS daemon in ``restarted`` restarts, from the plans' mps_daemons.
+
+    'its CPUs change: 0-31,64-95 -> 0-20,64-84 (CPUs 21-31,85-95 are outside the allowed
+    cpuset, from <source> (<file>))', the same for memory nodes; CPUs that leave while still
+    allowed are isolated or offline now, CPUs that join are usable again. Only daemons recorded
+    with other CPUs or memory nodes are named (a new daemon, or one whose other settings
+    changed, has no entry).
+    """
+    old_by = {
+        d.get("unit"): d
+        for d in (old_plan or {}).get("mps_daemons") or ()
+        if isinstance(d, dict) and d.get("unit")
+    }
+    allowed = new_plan.get("allowed") or {}
+    allowed_cpus = set(allowed.get("cpus") or ()) if allowed.get("narrowed") else None
+    sources = ", ".join(allowed.get("sources") or ()) or "ansible_facts.numa.allowed"
+    reasons = {}
+    for new in new_plan.get("mps_daemons") or ():
+        unit = new.get("unit")
+        old = old_by.get(unit)
+        if unit not in restarted or old is None:
+            continue
+        parts = []
+        before, after = set(old.get("cpus") or ()), set(new.get("cpus") or ())
+        if before != after:
+            gone, why = sorted(before - after), []
+            outside = [c for c in gone if allowed_cpus is not None and c not in allowed_cpus]
+            if outside:
+                why.append(
+                    f"CPUs {_set_text(outside)} are outside the allowed cpuset, from {sources}"
+                )
+            other = [c for c in gone if c not in outside]
+            if other:
+                why.append(f"CPUs {_set_text(other)} are isolated or offline now")
+            if after - before:
+                why.append(f"CPUs {_set_text(after - before)} are usable again")
+            parts.append(
+                f"its CPUs change: {_set_text(before)} -> {_set_text(after)} ({'; '.join(why)})"
+            )
+        before, after = set(old.get("mems") or ()), set(new.get("mems") or ())
+        if before != after:
+            parts.append(f"its memory nodes change: {_set_text(before)} -> {_set_text(after)}")
+        if parts:
+            reasons[unit] = "; ".join(parts)
+    return reasons
 
 
 def change_plan(
@@ -301,6 +354,10 @@ def change_plan(
             "waiting": {unit: units.waiting_line(unit, waits) for unit, waits in pinned.waiting},
             "slices": {key: pinned.slices[key] for key in ("new", "changed", "removed")},
             "reload": pinned.reload_needed or daemon_actions.reload_needed,
+            # Why an MPS daemon restarts (its clients then restart through Requires=).
+            "restart_reasons": daemon_restart_reasons(
+                old_plan, new_plan, set(restart_units) | set(via_restart)
+            ),
         },
         "mig": mig,
         "hugepages": _pool_changes(old_plan, new_plan),
@@ -410,6 +467,9 @@ def change_lines(changes: dict) -> list:
     for key, label in labels:
         if unit_actions[key]:
             lines.append(f"  {label}: {', '.join(unit_actions[key])}")
+    for unit, why in (unit_actions.get("restart_reasons") or {}).items():
+        if unit in unit_actions["restart"]:
+            lines.append(f"  why {unit} restarts: {why}")
     for key, label in (
         ("restart_through", "restarted by systemd"),
         ("stop_through", "stopped by systemd"),

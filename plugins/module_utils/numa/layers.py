@@ -821,6 +821,7 @@ def replan(plan: dict, settings: dict, host) -> dict:
             hugepages_extra=settings.get("hugepages_extra") or [],
             mig_gpus=settings.get("mig_gpus") or [],
             recorded=recorded,
+            recorded_daemons=plan.get("mps_daemons"),
         )
     except NumaTuneError as exc:
         raise LayerError(

@@ -511,6 +511,9 @@ class _Host:
         """
         self.allowed_cpus = self.allowed_mems = None
         self.allowed_sources: list = []
+        self.allowed_by: dict = {}  # "cpus" / "mems" -> the sources that narrow them
+        # "cpus" / "mems" -> what the applied sources name, online or not (refusals name it)
+        self.allowed_named: dict = {"cpus": None, "mems": None}
         allowed = numa.get("allowed")
         online = sorted(self.online)
         node_ids = list(self.node_ids)
@@ -522,6 +525,20 @@ class _Host:
             if _int_list(mems) and not set(mems) >= set(node_ids):
                 self.allowed_mems = frozenset(mems)
             self.allowed_sources = narrowing_sources(allowed, online, node_ids)
+            self.allowed_by = {
+                which: narrowing_sources(allowed, online, node_ids, which)
+                for which in ("cpus", "mems")
+            }
+            for source in allowed.get("sources") or ():
+                if not isinstance(source, dict) or not source.get("applies"):
+                    continue
+                for which, every in (("cpus", self.online), ("mems", node_ids)):
+                    named = source.get(which)
+                    if _int_list(named) and not set(named) >= set(every):
+                        have = self.allowed_named.get(which)
+                        self.allowed_named[which] = (
+                            set(named) if have is None else have & set(named)
+                        )
         narrowed = self.allowed_cpus is not None or self.allowed_mems is not None
         cpus = online if self.allowed_cpus is None else sorted(self.allowed_cpus & self.online)
         mems = node_ids if self.allowed_mems is None else sorted(self.allowed_mems)
@@ -547,8 +564,13 @@ class _Host:
         self.half_cores: dict = {}
         if not self.isolated:
             return
+        untrusted = []  # CPUs of crossed (vNUMA) nodes: their sibling lists are not trusted
         for cpu, listed in siblings.items():
             if cpu in self.isolated or cpu not in self.online or not isinstance(listed, list):
+                continue
+            if self.crossed and self.cpu_node.get(cpu) in self.crossed:
+                if any(sibling in self.isolated for sibling in listed):
+                    untrusted.append(cpu)
                 continue
             near = sorted(sibling for sibling in listed if sibling in self.isolated)
             if near:
@@ -560,6 +582,12 @@ class _Host:
                 f"CPUs {format_cpulist(halves)} share cores with isolated CPUs "
                 f"{format_cpulist(isolated)} (SMT siblings): placements of a CPU count get whole "
                 "cores only and never these; pin them with cpus: to use them"
+            )
+        if untrusted:
+            self.facts_warnings.append(
+                f"CPUs {format_cpulist(sorted(untrusted))} are listed as SMT siblings of isolated "
+                "CPUs, but on nodes cut across by packages the sibling lists are not trusted: "
+                "they are planned as cores of their own, like every CPU of those nodes"
             )
 
     def half_core_text(self, cpus) -> Optional[str]:
@@ -575,9 +603,21 @@ class _Host:
             "; ".join(pairs) + " (SMT siblings): its threads disturb what runs on the isolated CPU"
         )
 
-    def allowed_source_text(self) -> str:
-        """'cgroup2_slice (<path>), pid1 (<path>)': where the allowed cpuset came from."""
-        return ", ".join(self.allowed_sources) or "ansible_facts.numa.allowed"
+    def allowed_source_text(self, which: str = "both") -> str:
+        """'cgroup2_slice (<path>), pid1 (<path>)': where the allowed cpuset came from.
+
+        which: "cpus" names the cpus files (cpuset.cpus.effective), "mems" the mems files
+        (cpuset.mems.effective), "both" the files of whatever each source narrows.
+        """
+        named = self.allowed_by.get(which) if which != "both" else None
+        return ", ".join(named or self.allowed_sources) or "ansible_facts.numa.allowed"
+
+    def allowed_mems_text(self) -> str:
+        """'the allowed memory nodes (0, from cgroup2_slice (<mems file>))'."""
+        return (
+            f"the allowed memory nodes ({format_cpulist(self.allowed_out['mems']) or 'none'}, "
+            f"from {self.allowed_source_text('mems')})"
+        )
 
     def allowed_hint(self) -> str:
         """' Services may use only CPUs ... (the allowed cpuset, from ...).' or ''."""
@@ -635,10 +675,70 @@ class _Host:
         """Why node nid takes no placement memory: not allowed, a GPU's memory, or none."""
         if nid in self.gpu_memory:
             return f"node {nid} is the memory of GPU {self.gpu_memory[nid]}"
-        has_memory = (self.node.get(nid, {}).get("memory_kb") or 0) > 0
-        if has_memory and self.allowed_mems is not None and nid not in self.allowed_mems:
+        if self._mem_not_allowed(nid):
             return f"node {nid} is outside the allowed memory nodes"
         return f"node {nid} has no memory"
+
+    def _mem_not_allowed(self, nid: int) -> bool:
+        """Whether node nid has memory the allowed memory nodes leave out."""
+        has_memory = (self.node.get(nid, {}).get("memory_kb") or 0) > 0
+        return has_memory and self.allowed_mems is not None and nid not in self.allowed_mems
+
+    def _has_online_cpus(self, nid: int) -> bool:
+        """Whether node nid (of a kind with CPUs) has online CPUs, usable or not."""
+        node = self.node.get(nid) or {}
+        if node.get("kind") not in CPU_KINDS:
+            return False
+        return any(cpu in self.online for cpu in node.get("cpus") or ())
+
+    def stranded(self) -> dict:
+        """{node: [GPU addresses]} of the GPUs on nodes whose CPUs no placement can use."""
+        found: dict = {}
+        for gpu in self.gpus:
+            if gpu.cpu_node is not None and gpu.cpu_node not in self.usable:
+                found.setdefault(gpu.cpu_node, []).append(gpu.address)
+        return found
+
+    def no_cpus_text(self, nid: int) -> str:
+        """Why node nid has no CPUs a placement can use: 'CPUs 32-63 are outside the allowed
+        cpuset (CPUs 0-31, from cgroup2_slice (<cpus file>)); CPU 3 is isolated; ...'.
+
+        Each online CPU of the node is named once, by the first rule that blocks it: outside the
+        allowed cpuset, in numafleet_reserved_cpus, isolated, or an SMT sibling of an isolated CPU.
+        """
+        node = self.node.get(nid) or {}
+        if node.get("kind") not in CPU_KINDS:
+            return self.kind_text(nid)
+        cpus = [cpu for cpu in node.get("cpus") or () if cpu in self.online]
+        if not cpus:
+            return f"{self.kind_text(nid)}, no online CPU"
+        why: dict = {}
+        for cpu in cpus:
+            if self.allowed_cpus is not None and cpu not in self.allowed_cpus:
+                why.setdefault("allowed", []).append(cpu)
+            elif cpu in self.reserved:
+                why.setdefault("reserved", []).append(cpu)
+            elif cpu in self.isolated:
+                why.setdefault("isolated", []).append(cpu)
+            elif cpu in self.half_cores:
+                why.setdefault("half", []).append(cpu)
+        parts = []
+        if "allowed" in why:
+            parts.append(
+                f"CPUs {format_cpulist(why['allowed'])} are outside the allowed cpuset (CPUs "
+                f"{format_cpulist(self.allowed_out['cpus']) or 'none'}, from "
+                f"{self.allowed_source_text('cpus')})"
+            )
+        if "reserved" in why:
+            parts.append(f"CPUs {format_cpulist(why['reserved'])} are in {RESERVED_VAR}")
+        if "isolated" in why:
+            parts.append(f"CPUs {format_cpulist(why['isolated'])} are isolated")
+        if "half" in why:
+            parts.append(
+                f"{self.half_core_text(why['half'])}; a placement of a CPU count never gets "
+                "them (pin them with cpus:, or un-isolate the sibling)"
+            )
+        return "; ".join(parts) or self.kind_text(nid)
 
     def _check_reserved(self, nodes: list) -> None:
         missing = sorted(cpu for cpu in self.reserved if cpu not in self.cpu_node)
@@ -676,7 +776,11 @@ class _Host:
             cpu_node = None
             if node is not None and node in self.dist:
                 cpu_node = node
-                if node not in self.usable:  # a GPU on a CPU-less node: its nearest CPU node
+                if node in self.usable or self._has_online_cpus(node):
+                    # A node whose CPUs exist but none is usable (outside the allowed cpuset,
+                    # isolated, reserved): its GPUs stay its own, remote to every usable CPU.
+                    pass
+                else:  # a GPU on a CPU-less node: its nearest CPU node
                     near = sorted(
                         self.cpu_nodes, key=lambda other, n=node: (self.dist[n][other], other)
                     )
@@ -870,8 +974,12 @@ class _Host:
                 text += f", {format_kb(max(self.budget[nid] - self.used_kb[nid], 0))} memory"
             elif nid in self.gpu_memory:
                 text += f", memory of GPU {self.gpu_memory[nid]} (never planned)"
+            elif self._mem_not_allowed(nid):
+                text += f", memory outside {self.allowed_mems_text()}"
             else:
                 text += ", no memory"
+            if gpus and kind in CPU_KINDS and nid not in self.usable:
+                text += f" (GPUs not offered: {self.no_cpus_text(nid)})"
             parts.append(text)
         if self.free_unknown:
             parts.append(f"{_count(len(self.free_unknown), 'GPU')} of unknown node")
@@ -1374,7 +1482,7 @@ class _Planner:
                 f"{p.where}.cpus: {_count(len(outside), 'CPU', False)} {format_cpulist(outside)} "
                 f"{'is' if len(outside) == 1 else 'are'} outside the CPUs services may use "
                 f"({format_cpulist(state.allowed_out['cpus'])}, the allowed cpuset from "
-                f"{state.allowed_source_text()}): the kernel would narrow or refuse the binding; "
+                f"{state.allowed_source_text('cpus')}): the kernel would narrow or refuse the binding; "
                 "pin CPUs inside it or widen that cpuset",
             )
 
@@ -1415,6 +1523,62 @@ class _Planner:
                     f"{away[0]}, or set allow_span: true to keep the CPUs away from the GPU",
                 )
 
+    def _check_stranded(self, p, listed: list, warnings: list) -> None:
+        """Listed GPUs on a node whose CPUs no placement can use (outside the allowed cpuset,
+        isolated, reserved): refused, unless allow_span: true, which keeps them remote to the
+        placement's CPUs with a warning (the GPU-crossing warning of _gpu_part names the node)."""
+        state = self.state
+        away = [g for g in listed if g.cpu_node is not None and g.cpu_node not in state.usable]
+        if not away:
+            return
+        nid = away[0].cpu_node
+        gpus = ", ".join(g.address for g in away if g.cpu_node == nid)
+        why = state.no_cpus_text(nid)
+        if p.allow_span:
+            warnings.append(
+                f"GPU {gpus} of node {nid} is used from another node's CPUs (allow_span): node "
+                f"{nid} has no CPUs a placement can use ({why})"
+            )
+            return
+        raise PlacementError(
+            state.host,
+            f"{p.where}.gpus: GPU {gpus} sits on node {nid}, which has no CPUs a placement can "
+            f"use ({why}); its CPUs and memory would run on another node, away from the GPU. "
+            f"Widen that cpuset (or free node {nid}'s CPUs), list GPUs of node "
+            f"{', '.join(str(n) for n in state.cpu_nodes) or 'none'}, or set allow_span: true "
+            "to use the GPU from another node's CPUs",
+        )
+
+    def check_allowed_leaves_room(self, placements: list) -> None:
+        """Refuse an allowed cpuset that leaves no online CPU or no memory node a placement
+        can use (a cgroup naming CPUs or nodes that are not online), naming the sets and the
+        files they come from; raises PlacementError. Nothing to refuse without placements."""
+        state = self.state
+        if not placements or not state.allowed_out["narrowed"]:
+            return
+        online = format_cpulist(sorted(state.online)) or "none"
+        named_cpus = format_cpulist(sorted(state.allowed_named["cpus"] or ())) or "none"
+        named_mems = format_cpulist(sorted(state.allowed_named["mems"] or ())) or "none"
+        if state.allowed_cpus is not None and not (state.allowed_cpus & state.online):
+            raise PlacementError(
+                state.host,
+                f"the allowed cpuset from {state.allowed_source_text('cpus')} leaves no online "
+                f"CPU (it names CPUs {named_cpus}; online: {online}): fix that cgroup's "
+                "cpuset.cpus (or PID 1's affinity); nothing was planned",
+            )
+        if state.allowed_mems is not None and not state.mem_nodes:
+            with_memory = [
+                nid for nid in state.node_ids if (state.node[nid].get("memory_kb") or 0) > 0
+            ]
+            raise PlacementError(
+                state.host,
+                f"the allowed cpuset from {state.allowed_source_text('mems')} leaves no online "
+                f"memory node a placement can use (it names nodes "
+                f"{named_mems}; nodes with memory: "
+                f"{format_cpulist(with_memory) or 'none'}): fix that cgroup's cpuset.mems; "
+                "nothing was planned",
+            )
+
     def _check_node(self, p) -> None:
         state = self.state
         if p.node not in state.node:
@@ -1427,7 +1591,7 @@ class _Planner:
             raise PlacementError(
                 state.host,
                 f"{p.where}.node: node {p.node} has no CPUs a placement can use "
-                f"({state.kind_text(p.node)}); pick one of "
+                f"({state.no_cpus_text(p.node)}); pick one of "
                 f"{', '.join(str(n) for n in state.cpu_nodes)}",
             )
 
@@ -1759,6 +1923,8 @@ class _Planner:
         if p.near is not None:  # a node pin derived from the device: planned as node: <its node>
             p = self._anchor(p)
         listed = self._listed_gpus(p) if p.gpu_ids else []
+        if listed:
+            self._check_stranded(p, listed, warnings)
         if p.mig_profile is not None:
             self._check_mig(p, listed)
         elif listed and p.mps is not None and p.mps.pinned_memory_limit_kb:
@@ -1777,7 +1943,7 @@ class _Planner:
             nodes = pinned_nodes[:1]
         elif p.node is not None:
             nodes = [p.node]
-        elif listed and listed[0].cpu_node is not None:
+        elif listed and listed[0].cpu_node in state.usable:
             nodes = [listed[0].cpu_node]
         else:
             nodes = state.cpu_nodes
@@ -2149,7 +2315,7 @@ class _Planner:
                 return (
                     f"its CPU {cpu} is now outside the allowed cpuset "
                     f"({format_cpulist(state.allowed_out['cpus'])}, from "
-                    f"{state.allowed_source_text()})"
+                    f"{state.allowed_source_text('cpus')})"
                 )
             if cpu in state.taken_cpus:
                 return f"its CPU {cpu} is pinned by another placement"
@@ -2167,11 +2333,7 @@ class _Planner:
         if state.allowed_mems is not None:
             for mem in sorted(set(old["mems"]) | {mem_node}):
                 if mem not in state.allowed_mems:
-                    return (
-                        f"its memory node {mem} is now outside the allowed memory nodes "
-                        f"({format_cpulist(state.allowed_out['mems'])}, from "
-                        f"{state.allowed_source_text()})"
-                    )
+                    return f"its memory node {mem} is now outside {state.allowed_mems_text()}"
         gpu_mems = [m for m in old["mems"] if m in state.gpu_memory]
         if gpu_mems:
             return (
@@ -2365,8 +2527,32 @@ def _mig_daemons(plan_placements: list) -> list:
     return daemons
 
 
+def _kept_daemon_cpus(daemon: dict, node: int, cpus: list, recorded_daemons) -> list:
+    """The CPUs the daemon recorded last when it may keep them, else ``cpus``.
+
+    recorded_daemons: mps_daemons of the plan applied last (None: plan from scratch). A daemon
+    of the same unit on the same node keeps its recorded CPUs while each of them is still one
+    it may use (``cpus``: online, not isolated, allowed, of its node): narrowing or widening
+    what it may use around them changes nothing, so its unit and, through Requires=, its
+    clients are not restarted for it (day-2 rule: never restart what the user did not change).
+    """
+    for old in recorded_daemons or ():
+        if not isinstance(old, dict) or old.get("unit") != daemon.get("unit"):
+            continue
+        kept = old.get("cpus")
+        if old.get("node") == node and _int_list(kept) and kept and set(kept) <= set(cpus):
+            return sorted(kept)
+    return cpus
+
+
 def _daemon_details(
-    host: str, daemons: list, entries: list, parsed: list, gpus: list, state: _Host
+    host: str,
+    daemons: list,
+    entries: list,
+    parsed: list,
+    gpus: list,
+    state: _Host,
+    recorded_daemons=None,
 ) -> None:
     """Add unit, instance, node, CPUs, memory nodes, user and limits to each MPS daemon entry.
 
@@ -2417,10 +2603,13 @@ def _daemon_details(
         ]
         if state.allowed_cpus is not None:  # never outside the allowed cpuset either
             cpus = [cpu for cpu in cpus if cpu in state.allowed_cpus]
+        unit = f"nvidia-mps@{instance}.service" if instance else None
+        if unit is not None and cpus:
+            cpus = _kept_daemon_cpus({"unit": unit}, node, cpus, recorded_daemons)
         daemon.update(
             {
                 "instance": instance,
-                "unit": f"nvidia-mps@{instance}.service" if instance else None,
+                "unit": unit,
                 "gpu_uuid": gpu_uuid.get(daemon["gpu_address"]),
                 "mig": mig,
                 "node": node,
@@ -2588,6 +2777,7 @@ def plan_host(
     hugepages_extra=None,
     mig_gpus=None,
     recorded=None,
+    recorded_daemons=None,
 ) -> dict:
     """The plan (fact numafleet_plan) of one host; raises PlanError (PlacementError for bad vars).
 
@@ -2598,6 +2788,8 @@ def plan_host(
     scratch) makes the plan stable: a placement whose request did not change keeps its node,
     CPUs, memory nodes, GPUs, MIG slot and MPS share while they still exist and fit; the plan's
     ``stability`` says, per placement, "kept", "new" or why it was planned again.
+    recorded_daemons (the recorded plan's mps_daemons, with recorded) lets an MPS daemon keep
+    its recorded CPUs while they are all still ones it may use (_kept_daemon_cpus).
     """
     if hugepages_extra is None:
         hugepages_extra = (policy or {}).get("hugepages_extra")
@@ -2614,6 +2806,7 @@ def plan_host(
     state.reserve_extra(parsed_extra)
     slices = {tenant.name: slice_name(tenant.name) for tenant in parsed_tenants}
     planner = _Planner(state, parsed, slices)
+    planner.check_allowed_leaves_room(parsed)
     planner.run(recorded)
     tenants_out = []
     for tenant in sorted(parsed_tenants, key=lambda t: t.name):
@@ -2660,7 +2853,7 @@ def plan_host(
     gpus_out, daemons = _gpus_out(state, {entry["name"]: entry["index"] for entry in planner.out})
     daemons.extend(_mig_daemons(planner.out))
     daemons.sort(key=lambda d: (d["gpu_address"], d["pipe_dir"]))
-    _daemon_details(host, daemons, planner.out, parsed, gpus_out, state)
+    _daemon_details(host, daemons, planner.out, parsed, gpus_out, state, recorded_daemons)
     return {
         "version": PLAN_VERSION,
         "host": host,

@@ -30,7 +30,9 @@ DEFAULT_MANIFEST_PATH = "/etc/numafleet/manifest.json"
 DEFAULT_PLAN_PATH = "/etc/numafleet/plan.json"
 # Plan keys not recorded: they describe this run, not the placements (a second run would
 # otherwise always rewrite the file).
-_UNRECORDED_PLAN_KEYS = ("stability",)
+_UNRECORDED_PLAN_KEYS = ("stability", "warnings")
+# Keys of a placement entry not recorded: notes about this run's facts (plan_record_text).
+_UNRECORDED_ENTRY_KEYS = ("warnings",)
 DROPIN_NAME = "50-numafleet.conf"
 DEFAULT_SLICE = "numafleet.slice"
 MANIFEST_VERSION = 2
@@ -1150,8 +1152,21 @@ def plan_manifest(manifest: Manifest, desired: dict[str, str]) -> Optional[FileC
 
 
 def plan_record_text(plan: dict) -> str:
-    """The text of the recorded plan file: the plan as JSON, keys sorted, without stability."""
+    """The text of the recorded plan file: the plan as JSON, keys sorted, without stability.
+
+    Warnings (the plan's ``warnings`` and each placement's) are notes about this run's facts,
+    not resources: they are not recorded either, so that a facts change that only changes a
+    warning (a memory tier, an isolated sibling, a GPU's locality) rewrites no file and is no
+    difference for verify's and drift_check's rendered_units check.
+    """
     kept = {key: value for key, value in plan.items() if key not in _UNRECORDED_PLAN_KEYS}
+    if isinstance(kept.get("placements"), list):
+        kept["placements"] = [
+            {key: value for key, value in entry.items() if key not in _UNRECORDED_ENTRY_KEYS}
+            if isinstance(entry, dict)
+            else entry
+            for entry in kept["placements"]
+        ]
     return json.dumps(kept, indent=1, sort_keys=True) + "\n"
 
 

@@ -199,8 +199,10 @@ def test_the_plan_stays_inside_the_allowed_set_and_says_so(fixture_root):
     scope = os.path.join(root, "sys", "fs", "cgroup", field_cases.CONTAINER_SCOPE)
     assert plan["warnings"][0] == (
         "facts: services may use only CPUs 1,3 and memory nodes 1 (the allowed cpuset, from "
-        f"cgroup2_container ({scope}/cpuset.cpus.effective), cgroup2_slice "
-        f"({scope}/numafleet.slice/cpuset.cpus.effective)): the plan uses nothing outside them"
+        f"cgroup2_container ({scope}/cpuset.cpus.effective, {scope}/cpuset.mems.effective), "
+        "cgroup2_slice "
+        f"({scope}/numafleet.slice/cpuset.cpus.effective, "
+        f"{scope}/numafleet.slice/cpuset.mems.effective)): the plan uses nothing outside them"
     )
     # b's memory is not on its CPU node: the plan says why
     assert plan["warnings"][1] == (
