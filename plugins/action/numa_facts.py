@@ -18,6 +18,7 @@ import posixpath
 
 from ansible.plugins.action import ActionBase
 
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa.facts import FACTS_VERSION
 from ansible_collections.numafleet.tuning.plugins.plugin_utils._controller import plain
 
 
@@ -30,7 +31,9 @@ def _base(root) -> str:
 def cached_facts(args: dict, facts: dict):
     """The facts numa_facts would publish for args, from facts (a fact cache's), or None.
 
-    None when anything the task asks for is missing or was read elsewhere: other sysfs or procfs
+    None when the cached facts are of another format (``numa.facts_version`` is not
+    facts.FACTS_VERSION: gathered by an older release, without keys this one needs), or when
+    anything the task asks for is missing or was read elsewhere: other sysfs or procfs
     roots, no GPU facts with ``gpu``, no recorded state (or one below another root) with
     ``state_root`` or ``recorded_root``, no state paths with ``state_root``. ``gpu_snapshot_out``
     and explicit ``state_paths`` always run the module (they ask for a fresh read or a file).
@@ -38,6 +41,8 @@ def cached_facts(args: dict, facts: dict):
     numa = facts.get("numa")
     if not isinstance(numa, dict) or args.get("gpu_snapshot_out") or args.get("state_paths"):
         return None
+    if numa.get("facts_version") != FACTS_VERSION:
+        return None  # cached by an older release: it lacks keys this one needs, gather again
     sysfs = args.get("sysfs_root") or "/sys"
     procfs = args.get("procfs_root") or "/proc"
     if (numa.get("sysfs_root"), numa.get("procfs_root")) != (

@@ -23,7 +23,10 @@ description:
   - When NVML cannot be used, RV(ansible_facts.gpu_topology.nvml.reason) says why, and
     C(nvidia-smi -q -x) is run instead if it is installed (see O(nvidia_smi)); otherwise only the
     sysfs values are reported.
-  - sysfs stays the source of locality. NVML's own NUMA id (the node holding the GPU's memory on
+  - sysfs stays the source of locality. A C(numa_node) of V(-1) is kept as C(numa_node_raw) and
+    leaves C(node) to the GPU's local CPUs - equal to, or a proper non-empty subset of, exactly
+    one node's CPUs - and then to NVML's CPU affinity at NODE scope; C(node_source) says which.
+    NVML's own NUMA id (the node holding the GPU's memory on
     coherent systems such as GH200) is reported separately as C(nvml_numa_node), never as the
     GPU's node.
   - Every value records where it came from in the GPU's C(sources) (V(sysfs), V(nvml),

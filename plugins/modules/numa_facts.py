@@ -23,7 +23,10 @@ description:
     of a cgroup v1 cpuset hierarchy, and C(<procfs_root>/1/status) (PID 1's C(Cpus_allowed_list) and
     C(Mems_allowed_list)), and publishes the intersection as RV(ansible_facts.numa.allowed) with each source."
   - Reports raw kernel truth. A PCI C(numa_node) of V(-1) is reported as V(null), never as node 0;
-    the node is then inferred only when the device's local CPUs equal exactly one node's CPUs.
+    the node is then inferred only from the device's local CPUs (C(local_cpulist), else
+    C(local_cpus)) when they equal exactly one node's CPUs, or are a proper, non-empty subset of
+    exactly one node's CPUs (C(node_source) says which). C(numa_node_raw) keeps the file's value
+    as read.
   - A kernel without C(/sys/devices/system/node) yields one node 0 built from C(/proc/meminfo) and
     the online CPUs, with RV(ansible_facts.numa.numa_enabled=false).
   - A file that is unreadable, malformed, not a regular file, or missing although every kernel
@@ -123,6 +126,9 @@ options:
         GPU facts when O(gpu=true), the recorded state below the same root and the state paths
         when O(state_root) or O(recorded_root) is given - no module is sent and the task returns
         those facts, with RV(cached=true).
+      - Cached facts of another format (RV(ansible_facts.numa.facts_version) is not this
+        release's, e.g. kept by a fact cache from an older release) never answer; the module
+        runs and the cache gets the new facts.
       - Explicit O(state_paths) or O(gpu_snapshot_out) always run the module.
       - C(site.yml) sets it, because its apply (M(numafleet.tuning.host_apply), option C(recorded_digest))
         compares the collection's recorded state with the host under its lock before it changes
@@ -389,7 +395,10 @@ ansible_facts:
               description: Node whose CPU list holds the CPU, or V(null).
               type: int
             package:
-              description: C(topology/physical_package_id).
+              description: >-
+                C(topology/physical_package_id), V(null) when offline, absent or V(-1) (the
+                kernel's "unknown", as arch_topology reports on platforms whose firmware or
+                device tree gives no package).
               type: int
             die:
               description: C(topology/die_id), V(null) when absent or V(-1).
@@ -577,7 +586,8 @@ ansible_facts:
             - How many nodes hold CPUs of each package (C(physical_package_id) of the online CPUs
               and the node CPU lists; never guessed from package or die counts).
             - One number when every package has the same count, else a mapping of package id
-              (a string) to count; V(null) when no CPU has a package id.
+              (a string) to count; V(null) when no CPU has a package id (a
+              C(physical_package_id) of V(-1) is no package id).
           type: raw
           returned: always
           sample: 4
@@ -679,6 +689,16 @@ ansible_facts:
             reason:
               description: Why it could not be used.
               type: str
+        facts_version:
+          description:
+            - The format of these facts, bumped when a release adds keys the controller needs
+              (V(2) added C(allowed), C(pid1), C(kernel.osrelease) and the issue-22 node and
+              device keys).
+            - O(reuse_cached) answers only with cached facts of the current format; older
+              cached facts are gathered again.
+          type: int
+          returned: always
+          sample: 2
     gpu_topology:
       description:
         - GPUs of the host and where their values came from, exactly as

@@ -36,8 +36,26 @@ description:
     known locality, enough whole cores, memory budget and hugepage capacity; among fitting nodes
     the one left least fragmented wins. Multi-GPU requests prefer GPUs under one PCIe switch, then
     NVLink-connected sets. CPUs are whole cores (SMT siblings together), never reserved, isolated,
-    offline or already given. Memory binds to the CPU node, or to the nearest node with memory
-    when the CPU node has none.
+    offline or already given, never outside the allowed cpuset, and a count placement never gets
+    a CPU whose SMT sibling is isolated (whole cores only; an explicit C(cpus) pin on such a CPU
+    is kept with a warning naming both CPUs). Memory binds to the CPU node, or, when the CPU node
+    has none, to the nearest allowed node with memory, faster memory first; a node that is a
+    GPU's memory is never chosen by default, and the plan warns when memory falls back to a
+    farther or slower node.
+  - The allowed cpuset (RV(numafleet.tuning.numa_facts#module:ansible_facts.numa.allowed), the
+    cgroup cpusets above the services and PID 1's affinity) bounds every placement. When it narrows
+    the host the plan says so in its warnings, naming the sets and their source files; a pinned
+    C(cpus) or C(node) outside it, or a placement that cannot fit inside it, fails the task naming
+    the sets, the source and the fix.
+  - GPU-memory and tiered nodes. A node that is a GPU's memory (C(nodes[].gpu_owner), as on
+    GH200, GB200, POWER9 with V100) is never bound by default; C(node) or C(numafleet_hugepages_extra)
+    on it fails naming the GPU. Nodes in a lower memory tier, CXL- or DAX-backed, or without a
+    normal memory zone are used only after faster ones, with a warning.
+  - Boot-time hugepages. When C(numafleet_hugepages_boot_reserve) puts pages on the kernel
+    command line, site.yml's input checks compare the facts' C(kernel.osrelease) with Linux 5.16
+    (per-node C(hugepages=)) and, in render mode, decide C(numafleet_hugepages_bootloader=auto)
+    below the render root; an unknown or older release, or an undecidable bootloader, fails
+    the host before the plan gate, naming the host variable and the fix.
   - Explicit pins (GPU addresses or UUIDs in C(gpus), a NUMA node in C(node), a cpulist in
     C(cpus)) are honoured and validated. A GPU whose NUMA locality is unknown is used
     only when pinned or when no known-locality GPU fits, and the plan then carries a warning.

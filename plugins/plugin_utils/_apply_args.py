@@ -686,7 +686,9 @@ def name_host_variables(problems: list) -> list:
     """problems as site.yml and drift_check.yml report them: a message that names a role input
     but not the host variable it comes from there (hugepages_mounts[0], not
     numafleet_hugepages_mounts) gets that host variable named, so that the fix is where the user
-    writes it. The role's own runs keep the role-input names alone."""
+    writes it; after a "role_input (set from var by site.yml ...): " label the role inputs the
+    text names become their host variables. The role's own runs keep the role-input names
+    alone."""
     sources = {
         role_input: var
         for role_input, var in role_input_sources().items()
@@ -694,6 +696,14 @@ def name_host_variables(problems: list) -> list:
     }
     named = []
     for text in problems:
+        # "role_input (set from var by site.yml and drift_check.yml): ..." - the text after that
+        # label names the variables the user writes, not the role inputs.
+        label = re.search(r"\w+ \(set from \w+ by site\.yml and drift_check\.yml\): ", text)
+        if label:
+            head, body = text[: label.end()], text[label.end() :]
+            for role_input, var in sources.items():
+                body = re.sub(rf"(?<![\w.]){re.escape(role_input)}(?!\w)", var, body)
+            text = head + body
         missing = sorted(
             {
                 var

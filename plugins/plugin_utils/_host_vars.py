@@ -584,7 +584,9 @@ HOST_VARS = (
         "str",
         "auto",
         "How the kernel command line is made permanent: grub_d (/etc/default/grub.d/ and "
-        "update-grub), grubby, none (only report), or auto by OS family.",
+        "update-grub), grubby, none (only report), or auto by OS family. In render mode auto "
+        "looks below the render root, and a recording has no bootloader files: with "
+        "numafleet_hugepages_boot_reserve pages it is refused before the plan gate, so set it.",
         (SITE, DRIFT),
         role_inputs=("hugepages_bootloader",),
         choices=("auto", "grub_d", "grubby", "none"),

@@ -153,10 +153,31 @@ def _hugepages_checks(args: dict, offered_kb, numa_facts=None) -> list:
         (
             "boot_reserve_sizes_kb",
             lambda: hugepages.check_boot_release(
-                args.get("pools") or [], args.get("boot_reserve_sizes_kb") or [], numa_facts
+                args.get("pools") or [],
+                args.get("boot_reserve_sizes_kb") or [],
+                numa_facts,
+                _role_input("numa_hugepages", "boot_reserve_sizes_kb"),
+            ),
+        ),
+        # auto below a render root (a recording has no bootloader files): decided here, before
+        # the gate, not by the module after it.
+        (
+            "bootloader",
+            lambda: hugepages.check_render_bootloader(
+                args.get("pools") or [],
+                args.get("boot_reserve_sizes_kb") or [],
+                args.get("bootloader", "auto"),
+                args.get("root", "/"),
+                _role_input("numa_hugepages", "bootloader"),
+                _role_input("numa_hugepages", "boot_reserve_sizes_kb"),
             ),
         ),
     ]
+
+
+def _role_input(module: str, option: str) -> str:
+    """The role input that sets a module option (what a role's user writes)."""
+    return NAMES[module][option][0]
 
 
 def _kernel_checks(args: dict) -> list:

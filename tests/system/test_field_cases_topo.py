@@ -1,5 +1,9 @@
 """Issue 22, topology field cases, as users see them on the demo fleet (render mode).
 
+The follow-ups at the end (findings 5, 6, 7, 10 and 19 of the break test) show the summary
+line's new notes, the boot-reserve refusals naming the host variables, and facts cached by an
+older release being gathered again.
+
 The demo inventory is copied to <tmp>/inventories/demo and the trees are materialised to
 <tmp>/.demo; then two hosts' scratch trees are edited (tests/unit/fixtures/field_cases.py):
 
@@ -17,6 +21,7 @@ the tree's osrelease, while epyc-nps4-01 (no release recorded) fails with a clea
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -145,3 +150,79 @@ def test_site_warns_about_crossed_nodes_and_renders_boot_hugepages(fleet):
     )
     assert not run.results("epyc-nps4-01", "Apply the placements")
     assert not (Path(roots["epyc-nps4-01"]) / "root").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Follow-ups of the break test (findings 5, 6, 7, 10, 19)
+
+
+def test_facts_summary_names_vnuma_gpu_memory_and_unknown_packages(fleet):
+    base, inventory, roots, show = fleet
+    arm = base / "arm-unknown-packages"
+    shutil.copytree(roots["arm-kunpeng-01"], arm, symlinks=True)
+    field_cases.package_ids_unknown(arm)  # physical_package_id -1 everywhere
+    run = ansible_playbook(FACTS, inventory, "--limit", "qemu-2node-01,gh200-01")
+    assert run.rc == 0, run.explain()
+    assert " | vNUMA nodes 0,1 cross packages 0,1 | " in msg(run, "qemu-2node-01", SUMMARY)
+    assert " | n1=GPU memory of 0009:01:00.0 | " in msg(run, "gh200-01", SUMMARY)
+    run = ansible_playbook(
+        FACTS, inventory, "--limit", "arm-kunpeng-01", "-e", f"numafleet_sysfs_root={arm}/sys"
+    )
+    assert run.rc == 0, run.explain()
+    line = msg(run, "arm-kunpeng-01", SUMMARY)
+    assert "snc-like" not in line and "vNUMA" not in line, line
+
+
+def test_boot_reserve_refusals_name_the_host_variables_before_the_gate(fleet):
+    base, inventory, roots, show = fleet
+    # epyc-nps4-01: a release file the kernel never writes; qemu-2node-01: release 6.1 but the
+    # default bootloader auto, and its render root has no GRUB or grubby (a recording's never has)
+    field_cases.add_osrelease(roots["epyc-nps4-01"], "garbage-kernel")
+    assert not (Path(roots["qemu-2node-01"]) / "root" / "etc" / "default" / "grub").exists()
+    run = ansible_playbook(
+        SITE,
+        inventory,
+        "--limit",
+        "qemu-2node-01,epyc-nps4-01",
+        "-e",
+        '{"numafleet_hugepages_boot_reserve": ["2M"], "numafleet_stop_on_plan_failure": false}',
+    )
+    qemu = run.one("qemu-2node-01", "Plan placements")
+    assert qemu["status"] == "failed", run.explain()
+    assert "numafleet_hugepages_bootloader: auto found neither grubby" in qemu["msg"]
+    assert "Set numafleet_hugepages_bootloader to grub_d" in qemu["msg"]
+    epyc = run.one("epyc-nps4-01", "Plan placements")
+    assert epyc["status"] == "failed", run.explain()
+    assert "/proc/sys/kernel/osrelease is malformed: 'garbage-kernel'" in epyc["msg"]
+    assert "remove the size from numafleet_hugepages_boot_reserve" in epyc["msg"]
+    assert "boot_reserve_sizes_kb" not in epyc["msg"] + qemu["msg"]
+    for host in ("qemu-2node-01", "epyc-nps4-01"):
+        assert not run.results(host, "Apply the placements")
+
+
+def test_facts_cached_by_an_older_release_are_gathered_again(fleet, tmp_path):
+    base, inventory, roots, show = fleet
+    cache = tmp_path / "facts"
+    env = {"ANSIBLE_CACHE_PLUGIN": "jsonfile", "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(cache)}
+    gather = "Gather NUMA and GPU topology"
+
+    def site():
+        run = ansible_playbook(SITE, inventory, "--limit", "qemu-2node-01", env=env)
+        assert run.rc == 0, run.explain()
+        return run.one("qemu-2node-01", gather)["cached"]
+
+    assert site() is False
+    assert site() is True  # the cache answers
+    # what the release before facts_version cached: no facts_version, allowed, pid1, osrelease
+    (path,) = [p for p in cache.iterdir() if p.name.endswith("qemu-2node-01")]
+    data = json.loads(path.read_text())
+    payload = json.loads(data["__payload__"]) if "__payload__" in data else data
+    numa = payload["numa"]
+    for key in ("facts_version", "allowed", "pid1"):
+        numa.pop(key)
+    numa["kernel"].pop("osrelease")
+    if "__payload__" in data:
+        data["__payload__"] = json.dumps(payload)
+    path.write_text(json.dumps(payload if "__payload__" not in data else data))
+    assert site() is False  # gathered again, not planned from the old facts
+    assert site() is True

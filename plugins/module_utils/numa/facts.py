@@ -21,6 +21,13 @@ class StatePathError(NumaTuneError):
     """An entry of numa_facts' state_paths is not an absolute path."""
 
 
+# The format of ansible_facts.numa: bumped whenever a release adds keys that the controller needs
+# (2: allowed, pid1, kernel.osrelease, nodes_per_package, snc_like, numa_node_raw, memory tiers).
+# numa_facts' reuse_cached answers only with cached facts of this format, so that facts a fact
+# cache kept from an older release are gathered again instead of silently lacking those keys.
+FACTS_VERSION = 2
+
+
 def read_numa_facts(reader: Reader) -> dict:
     """JSON-ready ansible_facts.numa for the host behind ``reader``; bad files become warnings.
 
@@ -42,6 +49,7 @@ def read_numa_facts(reader: Reader) -> dict:
     )
     facts["pid1"] = pid1
     facts["warnings"] = sorted(reader.warnings, key=lambda w: (w["path"], w["reason"]))
+    facts["facts_version"] = FACTS_VERSION
     return facts
 
 

@@ -790,23 +790,39 @@ def read_kernel_release(procfs_root: str) -> tuple:
     return release
 
 
-def check_kernel(release: tuple, args: list) -> None:
-    """None when the kernel takes per-node hugepages= (>= 5.16) or no args; raises HugepageError."""
+def check_kernel(release: tuple, args: list, name: str = "boot_reserve_sizes_kb") -> None:
+    """None when the kernel takes per-node hugepages= (>= 5.16) or no args; raises HugepageError
+    naming ``name`` (the option or variable that lists the boot-reserved sizes)."""
     if args and tuple(release) < PER_NODE_CMDLINE_KERNEL:
         raise HugepageError(
-            f"boot_reserve_sizes_kb: the kernel is {release[0]}.{release[1]}, and per-node boot "
+            f"{name}: the kernel is {release[0]}.{release[1]}, and per-node boot "
             f"reservations ({' '.join(args)}) need Linux 5.16 or newer. Upgrade the kernel, or "
-            "remove the size from boot_reserve_sizes_kb to reserve it at runtime"
+            f"remove the size from {name} to reserve it at runtime"
         )
 
 
-def check_boot_release(pools, boot_sizes, numa_facts) -> None:
+def _release_problem(numa_facts) -> str:
+    """Why ansible_facts.numa has no kernel.osrelease: the facts' warning about the osrelease or
+    version file (malformed, unreadable), else that neither file was there."""
+    warnings = numa_facts.get("warnings") if isinstance(numa_facts, dict) else None
+    for entry in warnings if isinstance(warnings, list) else ():
+        path = entry.get("path") if isinstance(entry, dict) else None
+        if isinstance(path, str) and path.endswith(("/sys/kernel/osrelease", "/version")):
+            reason = str(entry.get("reason") or "unusable")
+            if reason.startswith("malformed"):
+                return f"{path} is {reason}"
+            return f"{path} could not be used: {reason}"
+    return "neither <procfs_root>/sys/kernel/osrelease nor <procfs_root>/version was there"
+
+
+def check_boot_release(pools, boot_sizes, numa_facts, name: str = "boot_reserve_sizes_kb") -> None:
     """None when ``pools`` put no pages of a ``boot_sizes`` size on the kernel command line, or
     when the kernel release of ``numa_facts`` (ansible_facts.numa: kernel.osrelease, read from
     /proc/sys/kernel/osrelease or /proc/version) takes per-node hugepages= (>= 5.16). Facts
-    without the key (gathered by an older release) are left to the module. Raises HugepageError:
-    the release is null, or older than 5.16; the same refusal plan_hugepages makes on the host,
-    made before anything changes.
+    without the key (gathered by an older release) are left to the module. Raises HugepageError
+    naming ``name`` (what the user set the sizes with): the release is null (the facts' warning
+    says whether its file was malformed or missing), or older than 5.16; the same refusal
+    plan_hugepages makes on the host, made before anything changes.
     """
     try:
         desired = parse_pools(pools)
@@ -822,14 +838,48 @@ def check_boot_release(pools, boot_sizes, numa_facts) -> None:
     if release is None:
         shown = "null" if given is None else repr(given)
         raise HugepageError(
-            f"boot_reserve_sizes_kb: the kernel release is unknown (ansible_facts.numa.kernel."
-            f"osrelease is {shown}: neither <procfs_root>/sys/kernel/osrelease nor "
-            f"<procfs_root>/version could be read), and per-node boot reservations "
-            f"({' '.join(args)}) need Linux 5.16 or newer. Gather the facts from the host's /proc "
-            "or a recording made by playbooks/capture_topology.yml, or remove the size from "
-            "boot_reserve_sizes_kb to reserve it at runtime"
+            f"{name}: the kernel release is unknown (ansible_facts.numa.kernel."
+            f"osrelease is {shown}: {_release_problem(numa_facts)}), and per-node boot "
+            f"reservations ({' '.join(args)}) need Linux 5.16 or newer. Gather the facts from the "
+            "host's /proc or a recording made by playbooks/capture_topology.yml, or remove the "
+            f"size from {name} to reserve it at runtime"
         )
-    check_kernel(release, args)
+    check_kernel(release, args, name)
+
+
+def check_render_bootloader(
+    pools,
+    boot_sizes,
+    choice,
+    root: str,
+    name: str = "bootloader",
+    sizes_name: str = "boot_reserve_sizes_kb",
+) -> None:
+    """None unless ``pools`` put pages of a ``boot_sizes`` size on the kernel command line,
+    ``choice`` is ``auto`` and ``root`` is a render root (not ``/``) below which
+    resolve_bootloader finds neither grubby nor GRUB. Raises HugepageError naming ``name`` and
+    ``sizes_name`` (the options or variables the user set): a recording (playbooks/capture_topology.yml) keeps no bootloader files, so
+    render mode needs the bootloader said, and the module would refuse it only after the gate.
+    Reads only whether GRUBBY_PATHS / GRUB_MARKERS exist below ``root`` (on the controller).
+    """
+    try:
+        args = kernel_args(parse_pools(pools), parse_sizes(list(boot_sizes), "boot"))
+    except (HugepageError, TypeError):  # refused by the checks of those options themselves
+        return
+    if not args or choice != "auto" or not isinstance(root, str) or root.rstrip("/") == "":
+        return
+    try:
+        resolve_bootloader(choice, root)
+    except HugepageError:
+        raise HugepageError(
+            f"{name}: auto found neither grubby ({', '.join(GRUBBY_PATHS)}) nor GRUB "
+            f"({', '.join(GRUB_MARKERS)}) below the render root {root!r} (a recording from "
+            "playbooks/capture_topology.yml keeps none), and the plan puts "
+            f"{' '.join(args)} on the kernel command line. Set {name} to grub_d (Debian, "
+            "Ubuntu: /etc/default/grub.d/ and update-grub), grubby (RHEL) or none (only report "
+            f"the arguments), or remove the size from {sizes_name} to reserve the pages "
+            "at runtime"
+        ) from None
 
 
 def resolve_bootloader(choice: str, root: str) -> str:

@@ -39,6 +39,8 @@ def _entries(packages) -> list:
         cpus = entry.get("cpus")
         if not isinstance(pid, int) or isinstance(pid, bool) or not isinstance(nodes, list):
             continue
+        if pid < 0:  # physical_package_id -1: the kernel does not know the package
+            continue
         nodes = sorted({n for n in nodes if isinstance(n, int) and not isinstance(n, bool)})
         cpus = sorted({c for c in cpus or () if isinstance(c, int) and not isinstance(c, bool)})
         found.append((pid, nodes, cpus))

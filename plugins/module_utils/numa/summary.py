@@ -14,9 +14,71 @@ def _gib(kb) -> str:
     return f"{gib:.1f} GiB" if gib < 10 else f"{gib:.0f} GiB"
 
 
+def _slow_reason(node: dict, top) -> str:
+    """Why a node's memory is slower than the host's best ('tier 22', 'cxl', 'dax',
+    'no normal zone'), or '' (the same order of reasons as planner.slow_memory_nodes)."""
+    tier, backing = node.get("memory_tier"), node.get("memory_backing")
+    if isinstance(tier, int) and not isinstance(tier, bool) and top is not None and tier > top:
+        return f"tier {tier}"
+    if backing in ("cxl", "dax"):
+        return str(backing)
+    if node.get("normal_memory") is False:
+        return "no normal zone"
+    return ""
+
+
+def field_notes(numa: dict) -> list:
+    """Short notes, each only when it matters: the allowed cpuset when it narrows the host
+    ('allowed CPUs 0-31,64-95 memory nodes 0'), nodes that are a GPU's memory ('n1=GPU memory
+    of 0009:01:00.0', or 'GPU memory nodes 250-255 (6 GPUs)' for more than two), slower memory nodes ('slower memory n2(dax) n4(tier 22)') and nodes that
+    cut across packages ('vNUMA nodes 0,1 cross packages 0,1'). Sources: ansible_facts.numa
+    ``allowed``, ``nodes[].gpu_owner``/``memory_tier``/``memory_backing``/``normal_memory`` and
+    ``consistency``. Raises nothing for any input."""
+    notes = []
+    allowed = numa.get("allowed")
+    if isinstance(allowed, dict) and allowed.get("narrowed") is True:
+        cpus, mems = allowed.get("cpus"), allowed.get("mems")
+        notes.append(
+            f"allowed CPUs {format_cpulist(cpus) if isinstance(cpus, list) else '?'} memory "
+            f"nodes {format_cpulist(mems) if isinstance(mems, list) else '?'}"
+            if isinstance(cpus, list) and isinstance(mems, list)
+            else "allowed cpuset narrowed"
+        )
+    nodes = [n for n in numa.get("nodes") or [] if isinstance(n, dict)]
+    owned = [n for n in nodes if isinstance(n.get("gpu_owner"), str)]
+    if len(owned) <= 2:
+        notes.extend(f"n{n.get('id')}=GPU memory of {n['gpu_owner']}" for n in owned)
+    else:  # POWER9+V100, GB200: one note for them all
+        ids = [n.get("id") for n in owned if isinstance(n.get("id"), int)]
+        owners = len({n["gpu_owner"] for n in owned})
+        notes.append(f"GPU memory nodes {format_cpulist(ids)} ({owners} GPUs)")
+    tiers = [
+        n.get("memory_tier")
+        for n in nodes
+        if isinstance(n.get("memory_tier"), int) and not isinstance(n.get("memory_tier"), bool)
+    ]
+    top = min(tiers) if tiers else None
+    slow = [
+        f"n{n.get('id')}({_slow_reason(n, top)})"
+        for n in nodes
+        if (n.get("memory_kb") or 0) > 0
+        and not isinstance(n.get("gpu_owner"), str)
+        and _slow_reason(n, top)
+    ]
+    if slow:
+        notes.append("slower memory " + " ".join(slow))
+    for finding in numa.get("consistency") or []:
+        if isinstance(finding, dict) and finding.get("kind") == "nodes_cross_packages":
+            nodes_of = ",".join(str(x) for x in finding.get("nodes") or [])
+            packages_of = ",".join(str(x) for x in finding.get("packages") or [])
+            notes.append(f"vNUMA nodes {nodes_of} cross packages {packages_of}")
+    return notes
+
+
 def summarize_topology(numa: dict, gpu_topology=None) -> str:
-    """One line: nodes with their CPUs/memory, the SNC hint, CPU counts, the kernel release,
-    hugepages, GPUs with nodes, warnings."""
+    """One line: nodes with their CPUs/memory, the SNC hint, the field notes (field_notes: a
+    narrowed allowed cpuset, GPU-memory nodes, slower memory, crossed vNUMA), CPU counts, the
+    kernel release, hugepages, GPUs with nodes, warnings."""
     nodes = numa.get("nodes") or []
     parts = []
     for node in nodes:
@@ -28,6 +90,7 @@ def summarize_topology(numa: dict, gpu_topology=None) -> str:
         + ("" if numa.get("numa_enabled", True) else " (no NUMA)"),
         " ".join(parts),
         layout_text(numa) or "",
+        *field_notes(numa),
         f"cpus online={len(cpus.get('online') or [])} offline={len(cpus.get('offline') or [])}"
         f" isolated={len(cpus.get('isolated') or [])}",
     ]

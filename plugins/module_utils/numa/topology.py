@@ -378,11 +378,13 @@ def _read_cpu(reader: Reader, cpu_dir: str, cpu: int, online: bool, node_of: dic
         )
     die = reader.integer(f"{topo}/die_id", optional=True)
     siblings = _siblings(reader, topo, cpu)
+    # -1 is the kernel's "unknown" (arch_topology with no package from firmware or cpu-map).
+    package_id = reader.integer(package)
     return _cpu(
         id=cpu,
         online=True,
         node=node_of.get(cpu),
-        package=reader.integer(package),
+        package=None if package_id is None or package_id < 0 else package_id,
         die=None if die is None or die < 0 else die,
         core=reader.integer(f"{topo}/core_id"),
         siblings=siblings,

@@ -5,8 +5,14 @@ from __future__ import annotations
 import pytest
 
 from ansible_collections.numafleet.tuning.plugins.action.numa_facts import cached_facts
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa.facts import FACTS_VERSION
 
-NUMA = {"sysfs_root": "/srv/rec/sys", "procfs_root": "/srv/rec/proc", "nodes": []}
+NUMA = {
+    "sysfs_root": "/srv/rec/sys",
+    "procfs_root": "/srv/rec/proc",
+    "nodes": [],
+    "facts_version": FACTS_VERSION,
+}
 RECORDED = {"root": "/srv/render/h", "kind": "absent", "files": {}}
 FACTS = {
     "numa": NUMA,
@@ -52,3 +58,16 @@ def test_anything_missing_or_read_elsewhere_runs_the_module(change, facts):
 def test_without_gpu_or_state_only_the_numa_facts_are_needed():
     args = {"sysfs_root": "/srv/rec/sys", "procfs_root": "/srv/rec/proc"}
     assert cached_facts(args, {"numa": NUMA}) == {"numa": NUMA}
+
+
+@pytest.mark.parametrize("version", [None, 1, FACTS_VERSION + 1, "2"])
+def test_cached_facts_of_another_format_are_gathered_again(version):
+    # Finding 7 of issue 22: facts a fact cache kept from an older release lack allowed, pid1
+    # and kernel.osrelease; answering with them skipped the allowed cpuset and the kernel check.
+    numa = {k: v for k, v in NUMA.items() if k != "facts_version"}
+    if version is not None:
+        numa["facts_version"] = version
+    assert cached_facts(SITE, dict(FACTS, numa=numa)) is None
+    assert cached_facts(SITE, dict(FACTS, numa=dict(numa, facts_version=FACTS_VERSION))) == dict(
+        FACTS, numa=dict(numa, facts_version=FACTS_VERSION)
+    )
