@@ -692,7 +692,7 @@ ansible_facts:
         facts_version:
           description:
             - The format of these facts, bumped when a release adds keys the controller needs
-              (V(2) added C(allowed), C(pid1), C(kernel.osrelease) and the issue-22 node and
+              (V(2) added C(allowed), C(pid1), C(kernel.osrelease) and the node and
               device keys).
             - O(reuse_cached) answers only with cached facts of the current format; older
               cached facts are gathered again.

@@ -66,7 +66,7 @@ def test_no_placement_gets_a_cpu_outside_the_allowed_set(narrowed):
     plan = json.loads(plans[0].read_text())
     taken = {cpu for entry in plan["placements"] for cpu in entry["cpus"]}
     assert taken and taken <= set(plan["allowed"]["cpus"]) == {1, 3}
-    # warnings are not recorded in plan.json (FINDINGS22 #17): they are the plan task's
+    # warnings are not recorded in plan.json: they are the plan task's
     assert "warnings" not in plan
     warning = run.one(HOST, "Plan placements")["warnings"][0]
     assert warning.startswith(
@@ -84,7 +84,7 @@ def test_without_the_cgroup_files_the_plan_is_as_before(unedited):
     assert _unit_cpus(root) == "2"
 
 
-# -- FINDINGS22 #1, #11, #13, #17 on demo hosts (helper fix1) ---------------------------------
+# -- GPUs of a node without CPUs, empty cpusets, crossed nodes, plan records, on demo hosts
 
 A100 = "gpu-a100-01"
 PLAN_TASK = "Plan placements"

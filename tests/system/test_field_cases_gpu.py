@@ -1,4 +1,4 @@
-"""Issue 22, GPU field cases, on a scratch copy of demo host gpu-a100-01 (render mode).
+"""GPU field cases, on a scratch copy of demo host gpu-a100-01 (render mode).
 
 (a) GPU 0000:17:00.0 recorded with a MIG mode change pending a reset (field_cases.
     gpu_snapshot_mig_pending: "pending enable state", NVIDIA/gpu-operator#1845): site.yml plans

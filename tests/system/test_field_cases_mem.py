@@ -1,4 +1,4 @@
-"""GPU-memory and tiered nodes as a user sees them on the demo fleet (issue 22, render mode).
+"""GPU-memory and tiered nodes as a user sees them on the demo fleet (render mode).
 
 The facts themselves (gpu_owner, normal_memory, memory_tier, memory_backing) are tested on the
 same trees in tests/unit/plugins/module_utils/numa/test_memnodes.py.

@@ -1,6 +1,6 @@
-"""Issue 22, topology field cases, as users see them on the demo fleet (render mode).
+"""Topology field cases, as users see them on the demo fleet (render mode).
 
-The follow-ups at the end (findings 5, 6, 7, 10 and 19 of the break test) show the summary
+The follow-ups at the end show the summary
 line's new notes, the boot-reserve refusals naming the host variables, and facts cached by an
 older release being gathered again.
 
@@ -36,7 +36,7 @@ SUMMARY = "Print the topology summary"
 GRUB = "etc/default/grub.d/60-numafleet-hugepages.cfg"
 
 SHOW = """---
-- name: Show the facts of issue 22
+- name: Show the field-case facts
   hosts: all
   gather_facts: false
   tasks:
@@ -153,7 +153,7 @@ def test_site_warns_about_crossed_nodes_and_renders_boot_hugepages(fleet):
 
 
 # ---------------------------------------------------------------------------------------------
-# Follow-ups of the break test (findings 5, 6, 7, 10, 19)
+# Refusals, summary notes and the fact cache
 
 
 def test_facts_summary_names_vnuma_gpu_memory_and_unknown_packages(fleet):

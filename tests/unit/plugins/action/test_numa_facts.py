@@ -62,7 +62,7 @@ def test_without_gpu_or_state_only_the_numa_facts_are_needed():
 
 @pytest.mark.parametrize("version", [None, 1, FACTS_VERSION + 1, "2"])
 def test_cached_facts_of_another_format_are_gathered_again(version):
-    # Finding 7 of issue 22: facts a fact cache kept from an older release lack allowed, pid1
+    # facts a fact cache kept from an older release lack allowed, pid1
     # and kernel.osrelease; answering with them skipped the allowed cpuset and the kernel check.
     numa = {k: v for k, v in NUMA.items() if k != "facts_version"}
     if version is not None:

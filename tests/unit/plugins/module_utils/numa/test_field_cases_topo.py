@@ -1,4 +1,4 @@
-"""Issue 22, topology field cases: contradictory vNUMA, locality from a local_cpulist subset,
+"""Topology field cases: contradictory vNUMA, locality from a local_cpulist subset,
 the sub-NUMA clustering hint and the kernel release, on real dumps edited to each case
 (tests/unit/fixtures/field_cases.py) and on the golden facts of the unedited dumps."""
 

@@ -1,4 +1,4 @@
-"""A GPU whose sysfs numa_node is -1 takes its node from NVML's CPU affinity (issue 22).
+"""A GPU whose sysfs numa_node is -1 takes its node from NVML's CPU affinity.
 
 The machine is synthetic-vm-gpu-numa-unknown (a 2-node VM whose firmware gives no _PXM: both
 GPUs say numa_node -1; 0000:06:00.0's local_cpulist is every CPU, so sysfs cannot place it).

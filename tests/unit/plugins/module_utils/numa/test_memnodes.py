@@ -1,4 +1,4 @@
-"""What each node's memory is (issue 22): normal_memory, gpu_owner, memory_tier, memory_backing.
+"""What each node's memory is: normal_memory, gpu_owner, memory_tier, memory_backing.
 
 Real dumps: nvidiagpunumanodes (POWER9 + 6 V100, GPU memory as nodes 250-255, the NVIDIA
 driver's numa_status files), fakeheteromemtiers (DRAM + DAX kmem nodes), 32em64t (DAX devices

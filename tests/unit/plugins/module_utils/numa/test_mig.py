@@ -238,7 +238,7 @@ def test_reset_ok_with_blockers_is_refused(tmp_path):
     (d / "comm").write_text("nvidia-persiste\n")
     nvml = fake.FakeNvml([a100(mig=(OFF, OFF), reset_needed=True)])
     runner = Recorder(nvml)
-    # Issue 22: the holders block the mode change itself (not only the reset), with the list.
+    # The holders block the mode change itself (not only the reset), with the list.
     with pytest.raises(MigError) as caught:
         converge(nvml, [{"profile": "7g.80gb"}], tmp_path, reset_ok=True, runner=runner)
     assert "(a MIG mode change) is held by pid 900 (nvidia-persistenced" in str(caught.value)

@@ -1,4 +1,4 @@
-"""Every holder of a GPU blocks destroying its MIG instances and changing its mode (issue 22).
+"""Every holder of a GPU blocks destroying its MIG instances and changing its mode.
 
 The procfs is a scratch copy of the synthetic-2x6338-4xa100 tree with the holders of
 field_cases.gpu_holders_procfs added (NVIDIA/gpu-operator#118, NVIDIA/DCGM#95): fd links to

@@ -1,6 +1,6 @@
 """A pending MIG mode (current != pending): facts say reset_required, the planner builds nothing.
 
-Issue 22. The GPU is the A100 of the synthetic-2x6338-4xa100 fixture (its recorded-style
+The GPU is the A100 of the synthetic-2x6338-4xa100 fixture (its recorded-style
 snapshot tests/unit/fixtures/gpu_snapshots/synthetic-2x6338-4xa100.json), edited to the field
 case of NVIDIA/gpu-operator#118 and #1845 (tests/unit/fixtures/cmd/nvidia-smi/
 mig-mode-pending-and-reset-blocked-messages.txt): ``nvidia-smi -mig 1`` (or ``-mig 0``) left

@@ -430,7 +430,7 @@ def test_memory_less_cpu_node_gets_the_nearest_memory_node(machine_facts, placem
     result = plan(machine_facts, NPS4, [placement])
     entry = result["placements"][0]
     assert (entry["node"], entry["mems"]) == (placement["node"], mems)
-    # The plan says that the memory is not on the CPU node, and why (issue 22).
+    # The plan says that the memory is not on the CPU node, and why.
     node = placement["node"]
     assert entry["warnings"] == [
         f"memory on node 0, not on its CPU node {node} (distance 12 from node {node}): "

@@ -1,4 +1,4 @@
-"""The planner and the kinds of memory nodes (issue 22).
+"""The planner and the kinds of memory nodes.
 
 GPU memory exposed as a node (POWER9 + V100 nodes 250-255, GH200 node 1) is never a
 placement's memory; slower memory (a lower memory tier, CXL/DAX-backed, no normal zone) comes

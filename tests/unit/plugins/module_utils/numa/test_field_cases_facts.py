@@ -1,4 +1,4 @@
-"""Issue 22 follow-ups of the break test (findings 5, 6, 7, 10, 19): facts and messages on real
+"""Facts field cases: facts and messages on real
 dumps edited to each case (tests/unit/fixtures/field_cases.py)."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def facts_of(root: str) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# Finding 10: physical_package_id -1 is the kernel's "unknown", not a package
+# physical_package_id -1 is the kernel's "unknown", not a package
 
 
 def test_package_id_minus_one_is_no_package(fixture_root):
@@ -42,7 +42,7 @@ def test_package_id_minus_one_is_no_package(fixture_root):
 
 
 # ---------------------------------------------------------------------------------------------
-# Finding 19: the topology summary shows the issue-22 facts when they matter, on one line
+# the topology summary shows the new facts when they matter, on one line
 
 
 def test_summary_line_notes_only_what_matters(fixture_root):
@@ -79,7 +79,7 @@ def test_summary_line_names_gpu_memory_and_slower_nodes():
 
 
 # ---------------------------------------------------------------------------------------------
-# Finding 6: the kernel-release refusal names what the user set, and a malformed release file
+# the kernel-release refusal names what the user set, and a malformed release file
 
 
 BOOT_ARGS = {
@@ -130,7 +130,7 @@ def test_malformed_release_file_is_named_malformed(fixture_root):
 
 
 # ---------------------------------------------------------------------------------------------
-# Finding 5: bootloader auto below a render root is decided before the gate
+# bootloader auto below a render root is decided before the gate
 
 
 def test_auto_bootloader_below_a_render_root_is_refused_before_the_gate(tmp_path):
