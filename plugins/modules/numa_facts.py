@@ -333,6 +333,8 @@ ansible_facts:
                   the NVIDIA driver's C(/proc/driver/nvidia/gpus/<address>/numa_status)
                   (POWER9+V100, Grace Hopper, GB200); V(null) otherwise.
                 - The planner never binds a placement's memory to such a node.
+                - A C(numa_status) naming a node that has CPUs is not trusted, as a GPU's memory node has
+                  none; that node's C(gpu_owner) stays V(null) and C(warnings) names the file.
               type: str
               sample: "0004:05:00.0"
             memory_tier:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-from .cpulist import parse_cpulist
+from .cpulist import format_cpulist, parse_cpulist
 from .sysfs import Reader
 
 BACKING_DAX = "dax"
@@ -85,6 +85,27 @@ def read_gpu_memory_nodes(reader: Reader) -> dict:
             continue
         owners[node] = address
     return owners
+
+
+def drop_cpu_gpu_owners(reader: Reader, kinds: dict, node_cpus: dict) -> dict:
+    """``kinds`` without the GPU owners of nodes that have CPUs; a warning for each one dropped.
+
+    A GPU's memory node is CPU-less on every platform that exposes one (POWER9 + V100,
+    GH200, GB200), so a numa_status file naming a node with CPUs (``node_cpus``: {node: CPUs})
+    is wrong; trusting it would keep placements' memory off a real CPU node.
+    """
+    owners = dict(kinds["gpu"])
+    base = reader.proc("driver", "nvidia", "gpus")
+    for node, address in sorted(kinds["gpu"].items()):
+        cpus = node_cpus.get(node)
+        if cpus:
+            reader.warn(
+                f"{base}/{address}/numa_status",
+                f"names node {node}, which has CPUs {format_cpulist(cpus)}: a GPU's memory node "
+                "has no CPUs; not used",
+            )
+            del owners[node]
+    return dict(kinds, gpu=owners)
 
 
 def read_memory_tiers(reader: Reader) -> dict:

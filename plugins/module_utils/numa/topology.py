@@ -10,7 +10,7 @@ from typing import Optional
 
 from . import osrelease, packages
 from .cpulist import format_cpulist, parse_cpulist, parse_cpumask
-from .memnodes import memory_kinds, node_memory_fields
+from .memnodes import drop_cpu_gpu_owners, memory_kinds, node_memory_fields
 from .sysfs import Reader
 
 NODE_DIR = ("devices", "system", "node")
@@ -545,7 +545,9 @@ def read_topology(reader: Reader) -> Topology:
         nodes = tuple(_read_node(reader, node_id) for node_id in node_ids)
         nodes = check_distances(reader, nodes, node_ids)
         nodes = check_node_cpus(reader, nodes, sets["possible"])
-        kinds = memory_kinds(reader)
+        kinds = drop_cpu_gpu_owners(
+            reader, memory_kinds(reader), {node.id: node.cpus for node in nodes}
+        )
         nodes = tuple(replace(n, **node_memory_fields(kinds, n.id)) for n in nodes)
         offline_nodes = sorted(set(listed) - set(node_ids))
         offline_dirs = tuple(_read_node(reader, node_id) for node_id in offline_nodes)

@@ -242,3 +242,18 @@ def test_onlined_dax_kmem_node_is_dax_backed_and_not_normal(fixture_root):
         5: (False, None, None, "dax"),
     }
     assert facts["nodes"][2]["kind"] == "memory-only"
+
+
+def test_numa_status_naming_a_cpu_node_is_not_trusted(fixture_root):
+    root = fixture_root("nvidiagpunumanodes", writable=True)
+    path = field_cases.numa_status_names_cpu_node(root, "0035:05:00.0", 0)
+    facts = facts_of(root)
+    got = memory_of(facts)
+    assert got[0] == (True, None, None, None)  # node 0 keeps its CPUs' memory for placements
+    assert got[250] == (False, None, None, None)  # the GPU named another node, not this one
+    assert got[251] == (False, V100_OWNERS[251], None, None)
+    (warning,) = memory_warnings(facts)
+    assert warning["path"].endswith("/0035:05:00.0/numa_status") and path.endswith(
+        "0035:05:00.0/numa_status"
+    )
+    assert "names node 0, which has CPUs" in warning["reason"] and "not used" in warning["reason"]
