@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 from .errors import MigBackendError, MigError
-from .mig_holders import foreign, holders_message, read_holders
+from .mig_holders import KIND_DAEMON, KIND_MODULE, foreign, holders_message, read_holders
 from .units import check_path, escape_path, exec_line, header_lines, unit_document
 
 # Compute-instance profile ids by slice count: NVML_COMPUTE_INSTANCE_PROFILE_<N>_SLICE in nvml.h
@@ -609,37 +609,37 @@ def read_pid_unit(procfs_root: str, pid: int) -> Optional[str]:
     return None
 
 
-def read_reset_blockers(procfs_root: str = "/proc", sysfs_root: str = "/sys") -> list[str]:
-    """Sorted reasons a GPU reset would fail: nvidia-persistenced, nv-hostengine, nvidia_drm."""
+# What a holder that blocks a reset is told (DAEMONS' comm -> the fix); nv-fabricmanager does
+# not stop a reset, so it is not here.
+_RESET_FIXES = {
+    "nvidia-persistenced": "nvidia-persistenced (pid {pid}) keeps the GPUs open; "
+    "stop nvidia-persistenced.service for the reset, or reboot instead",
+    "nvidia-persiste": "nvidia-persistenced (pid {pid}) keeps the GPUs open; "
+    "stop nvidia-persistenced.service for the reset, or reboot instead",
+    "nv-hostengine": "nv-hostengine (DCGM, pid {pid}) keeps the GPUs open; "
+    "stop nvidia-dcgm.service for the reset, or reboot instead",
+}
+_DRM_FIX = (
+    "the nvidia_drm kernel module is loaded (a display or DRM client may hold the GPU); "
+    "unload it (modprobe -r nvidia_drm) for the reset, or reboot instead"
+)
+
+
+def reset_blockers(holders: list) -> list[str]:
+    """Sorted reasons a GPU reset would fail, from read_holders' ``holders``:
+    nvidia-persistenced, nv-hostengine, nvidia_drm."""
     found = set()
-    try:
-        names = os.listdir(procfs_root)
-    except OSError:
-        names = []
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(os.path.join(procfs_root, name, "comm"), encoding="utf-8") as handle:
-                comm = handle.read().strip()
-        except (OSError, UnicodeDecodeError):
-            continue
-        if comm in ("nvidia-persistenced", "nvidia-persiste"):
-            found.add(
-                f"nvidia-persistenced (pid {name}) keeps the GPUs open; "
-                "stop nvidia-persistenced.service for the reset, or reboot instead"
-            )
-        elif comm == "nv-hostengine":
-            found.add(
-                f"nv-hostengine (DCGM, pid {name}) keeps the GPUs open; "
-                "stop nvidia-dcgm.service for the reset, or reboot instead"
-            )
-    if os.path.exists(os.path.join(sysfs_root, "module", "nvidia_drm")):
-        found.add(
-            "the nvidia_drm kernel module is loaded (a display or DRM client may hold the GPU); "
-            "unload it (modprobe -r nvidia_drm) for the reset, or reboot instead"
-        )
+    for holder in holders:
+        if holder.kind == KIND_MODULE:
+            found.add(_DRM_FIX)
+        elif holder.kind == KIND_DAEMON and holder.comm in _RESET_FIXES:
+            found.add(_RESET_FIXES[holder.comm].format(pid=holder.pid))
     return sorted(found)
+
+
+def read_reset_blockers(procfs_root: str = "/proc", sysfs_root: str = "/sys") -> list[str]:
+    """reset_blockers of the host behind procfs_root and sysfs_root (mig_holders.read_holders)."""
+    return reset_blockers(read_holders(procfs_root, sysfs_root))
 
 
 @dataclass(frozen=True)
@@ -1212,11 +1212,12 @@ def converge(
     with the full list.
     """
     plans = plan(backend.read(), requests)
-    blockers = [] if render else read_reset_blockers(host.procfs_root, host.sysfs_root)
-    busy, what = find_busy(plans, reset_ok, blockers, None if render else host.procfs_root)
     # Every holder of a GPU whose instances are destroyed or whose mode changes, also those
-    # NVML does not list, in every mode (render mode reads the roots it is given).
+    # NVML does not list, in every mode (render mode reads the roots it is given); one scan of
+    # the processes serves the reset blockers too.
     holders = read_holders(host.procfs_root, host.sysfs_root, None, host.exclude_pids)
+    blockers = [] if render else reset_blockers(holders)
+    busy, what = find_busy(plans, reset_ok, blockers, None if render else host.procfs_root)
     extra, listed = check_holders(plans, holders, reset_ok, blockers, owned_units)
     known = {(b.address, b.pid) for b in busy}
     for item in extra:
