@@ -48,7 +48,6 @@ GRUB_MARKERS = ("/etc/default/grub", "/usr/sbin/update-grub")
 NODE_DIR = ("devices", "system", "node")
 _NODE_RE = re.compile(r"^node([0-9]+)\Z")
 _POOL_RE = re.compile(r"^hugepages-([0-9]+)kB\Z")
-_RELEASE_RE = re.compile(r"^([0-9]+)\.([0-9]+)")
 _STOP_THEN_RUN = "stop the services holding them, then run again"
 
 
@@ -760,10 +759,10 @@ def kernel_args(desired: dict, boot_sizes) -> list:
 
 def parse_kernel_release(text: str) -> tuple:
     """(major, minor) of a kernel release such as '6.1.0-18-amd64'; raises ValueError."""
-    match = _RELEASE_RE.match(text.strip())
-    if not match:
+    release = release_tuple(text.strip())
+    if release is None:
         raise ValueError(f"{text.strip()!r} is not a kernel release")
-    return int(match.group(1)), int(match.group(2))
+    return release
 
 
 def read_kernel_release(procfs_root: str) -> tuple:
