@@ -38,7 +38,7 @@ ARGUMENT_SPEC = dict(
 MODULE_OPTIONS = frozenset(
     (
         "host", "root", "service_manager", "restart", "restart_awaited", "replan",
-        "recorded_digest", "hugepages", "kernel", "mig", "mps", "units",
+        "recorded_digest", "hugepages", "kernel", "gpu", "mig", "mps", "units",
     )
 )  # fmt: skip
 
@@ -46,6 +46,7 @@ MODULE_OPTIONS = frozenset(
 ROLE_OF = {
     "hugepages": "hugepages",
     "kernel": "numa_kernel",
+    "gpu": "nvidia_gpu",
     "mig": "nvidia_mig",
     "mps": "nvidia_mps",
     "units": "pinned_services",

@@ -18,7 +18,8 @@ description:
     sent when one fails.
   - Runs the apply layers of this collection on one host in one process, in this order whatever
     the order of O(layers) - hugepages (M(numafleet.tuning.numa_hugepages)), kernel
-    (M(numafleet.tuning.numa_kernel)), mig (M(numafleet.tuning.nvidia_mig)), mps
+    (M(numafleet.tuning.numa_kernel)), gpu (M(numafleet.tuning.nvidia_gpu_settings)), mig
+    (M(numafleet.tuning.nvidia_mig)), mps
     (M(numafleet.tuning.nvidia_mps)) and units (M(numafleet.tuning.pinned_units)). Each layer is
     the same code as that module, with the same result.
   - The plan O(plan) is checked once (version 1, made for O(host) when given, the lists the
@@ -63,12 +64,13 @@ options:
     type: str
   layers:
     description:
-      - The layers to run. They always run in the order V(hugepages), V(kernel), V(mig), V(mps),
-        V(units), whatever the order here; a layer not listed is not run (and not in RV(layers)).
+      - The layers to run. They always run in the order V(hugepages), V(kernel), V(gpu), V(mig),
+        V(mps), V(units), whatever the order here; a layer not listed is not run (and not in
+        RV(layers)).
     type: list
     elements: str
-    choices: [hugepages, kernel, mig, mps, units]
-    default: [hugepages, kernel, mig, mps, units]
+    choices: [hugepages, kernel, gpu, mig, mps, units]
+    default: [hugepages, kernel, gpu, mig, mps, units]
   root:
     description:
       - Directory that stands for C(/) of the host, given to every layer. Set it to a scratch
@@ -108,6 +110,13 @@ options:
   kernel:
     description:
       - Options of M(numafleet.tuning.numa_kernel) except O(root) and O(service_manager).
+    type: dict
+    default: {}
+  gpu:
+    description:
+      - Options of M(numafleet.tuning.nvidia_gpu_settings) except O(root), O(service_manager) and
+        C(mps_gpus) (the GPUs of the plan's C(mps_daemons)). Without C(gpus) the layer changes
+        nothing.
     type: dict
     default: {}
   mig:
@@ -291,10 +300,11 @@ layers:
   description:
     - Layer name -> the result of that layer, as its module returns it (see the RETURN of
       M(numafleet.tuning.numa_hugepages), M(numafleet.tuning.numa_kernel),
-      M(numafleet.tuning.nvidia_mig), M(numafleet.tuning.nvidia_mps) and
+      M(numafleet.tuning.nvidia_gpu_settings), M(numafleet.tuning.nvidia_mig),
+      M(numafleet.tuning.nvidia_mps) and
       M(numafleet.tuning.pinned_units)); a layer that did not run is absent. On failure, the
       layers that completed.
-    - The hugepages, kernel, mig and mps results have C(drift), every difference from the plan
+    - The hugepages, kernel, gpu, mig and mps results have C(drift), every difference from the plan
       found before the run (C(setting), C(planned), C(actual), C(reason), C(pending)), also where
       the apply does not change it (a pool held above the plan by pages in use). The action
       plugin's C(changed_layers) counts a layer with a C(drift) entry that is not C(pending) in
@@ -312,7 +322,8 @@ changed_layers:
   description:
     - Set by the action plugin when it built the options (site.yml, drift_check.yml, verify.yml,
       the roles) - the roles whose layer changed or would change the host (V(hugepages),
-      V(numa_kernel), V(nvidia_mig), V(nvidia_mps), V(pinned_services)), in layer order. In check
+      V(numa_kernel), V(nvidia_gpu), V(nvidia_mig), V(nvidia_mps), V(pinned_services)), in layer
+      order. In check
       mode a units layer with C(foreign_overrides) counts as V(pinned_services).
   returned: when the action plugin built the options
   type: list

@@ -24,6 +24,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import gpu_settings
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.cpulist import format_cpulist
 from ansible_collections.numafleet.tuning.plugins.plugin_utils import _module_inputs
 from ansible_collections.numafleet.tuning.plugins.plugin_utils._host_vars import (
@@ -33,7 +34,7 @@ from ansible_collections.numafleet.tuning.plugins.plugin_utils._host_vars import
     role_input_sources,
 )
 
-ALL_LAYERS = ("hugepages", "kernel", "mig", "mps", "units")
+ALL_LAYERS = ("hugepages", "kernel", "gpu", "mig", "mps", "units")
 
 # Every input of the five apply roles and its default (roles/*/defaults/main.yml; a unit test
 # compares the two).
@@ -53,6 +54,12 @@ ROLE_DEFAULTS: dict = {
     "numa_kernel_irqbalance_banned": "auto",
     "numa_kernel_irq_affinity": False,
     "numa_kernel_render_root": None,
+    "nvidia_gpu_settings": [],
+    "nvidia_gpu_render_root": None,
+    "nvidia_gpu_snapshot": None,
+    "nvidia_gpu_backend": "auto",
+    "nvidia_gpu_sysfs_root": "/sys",
+    "nvidia_gpu_procfs_root": "/proc",
     "nvidia_mig_render_root": None,
     "nvidia_mig_snapshot": None,
     "nvidia_mig_reset_ok": False,
@@ -174,6 +181,7 @@ def site_inputs(host_vars: Mapping) -> dict:
         out[role_input] = host_vars.get(var, BY_NAME[var].default)
     if host_vars.get("numafleet_render_root") is None:
         out["nvidia_mig_snapshot"] = None
+        out["nvidia_gpu_snapshot"] = None
     for role_input in INVENTORY_ROLE_INPUTS:
         out[role_input] = host_vars.get(role_input, ROLE_DEFAULTS[role_input])
     for role_input, default in ROLE_DEFAULTS.items():
@@ -483,6 +491,92 @@ def _mig(host, inp, plan, facts, out):
     return _module_inputs.problems("nvidia_mig", checked, host)
 
 
+def _gpu_run(inp) -> bool:
+    """Whether the gpu layer runs: only where GPU settings are declared."""
+    return _seq(inp["nvidia_gpu_settings"]) and len(inp["nvidia_gpu_settings"]) > 0
+
+
+def _gpu_facts_problems(host, settings, plan, facts) -> list:
+    """Declared GPUs the facts do not show, and compute modes on MPS-shared or MIG-mode GPUs."""
+    gpus = [
+        gpu
+        for gpu in (_get(_get(facts, "gpu_topology", {}), "gpus", None) or [])
+        if _get(gpu, "vendor", None) == "nvidia"
+    ]
+    if _get(facts, "gpu_topology") is _MISSING:
+        return []  # no facts: the module checks the GPUs itself
+    shared = {
+        _get(daemon, "gpu_address", None) for daemon in (_get(plan, "mps_daemons", None) or [])
+    }
+    errors = []
+    for index, entry in enumerate(settings):
+        name = str(entry["gpu"]).strip()
+        address = gpu_settings.normalise_address(name)
+        found = [
+            gpu
+            for gpu in gpus
+            if (address and _get(gpu, "address", None) == address)
+            or (not address and str(_get(gpu, "uuid", "")).lower() == name.lower())
+        ]
+        where = (
+            f"host {host}: nvidia_gpu_settings[{index}] (numafleet_gpu_settings[{index}] in "
+            "site.yml)"
+        )
+        if not found:
+            known = ", ".join(str(_get(gpu, "address", "?")) for gpu in gpus) or "none"
+            errors.append(
+                f"{where}: GPU {name} is not an NVIDIA GPU of this host's facts (NVIDIA GPUs: "
+                f"{known}); give one of their PCI addresses or UUIDs. Fix the variable; nothing "
+                "was changed."
+            )
+            continue
+        gpu = found[0]
+        if entry.get("compute_mode") is None:
+            continue
+        if _get(gpu, "address", None) in shared:
+            errors.append(
+                f"{where}: compute_mode is declared for GPU {name}, but an MPS daemon of the plan "
+                "shares it and its unit sets the compute mode; leave compute_mode out for this "
+                "GPU. Fix the variable; nothing was changed."
+            )
+        elif _get(_get(gpu, "mig", None), "mode_current", None) == "enabled":
+            errors.append(
+                f"{where}: compute_mode is declared for GPU {name}, which is in MIG mode (NVML "
+                "sets compute modes per MIG device there); leave compute_mode out for this GPU. "
+                "Fix the variable; nothing was changed."
+            )
+    return errors
+
+
+def _gpu(host, inp, plan, facts, out):
+    render_root = inp["nvidia_gpu_render_root"]
+    errors = []
+    if _gpu_run(inp) and not (
+        _get(plan, "version", None) == 1
+        and _seq(_get(plan, "mps_daemons", None))
+        and _get(plan, "host", None) == host
+    ):
+        errors.append(_plan_message(host, "nvidia_gpu_plan", "an mps_daemons list", plan))
+    if render_root is not None and not _root_ok(render_root):
+        errors.append(_render_message(host, "nvidia_gpu_render_root", render_root, long=False))
+    args = {
+        "gpus": inp["nvidia_gpu_settings"],
+        "backend": inp["nvidia_gpu_backend"],
+        "sysfs_root": inp["nvidia_gpu_sysfs_root"],
+        "procfs_root": inp["nvidia_gpu_procfs_root"],
+    }
+    if _bool_jinja(inp["nvidia_gpu_snapshot"]):
+        args["snapshot"] = inp["nvidia_gpu_snapshot"]
+    out["gpu"] = args
+    if errors:
+        return errors
+    checked = {"gpus": args["gpus"], "backend": args["backend"], "root": _root(render_root)}
+    found = _module_inputs.problems("nvidia_gpu_settings", checked, host)
+    if found or not _gpu_run(inp):
+        return found
+    return _gpu_facts_problems(host, args["gpus"], plan, facts)
+
+
 def _mps_gpus(inp, facts) -> list:
     topology = inp["nvidia_mps_gpu_topology"]
     if topology is None:
@@ -567,6 +661,7 @@ def _units(host, inp, plan, facts, out):
 _LAYERS = {
     "hugepages": ("hugepages_render_root", _hugepages),
     "kernel": ("numa_kernel_render_root", _kernel),
+    "gpu": ("nvidia_gpu_render_root", _gpu),
     "mig": ("nvidia_mig_render_root", _mig),
     "mps": ("nvidia_mps_render_root", _mps),
     "units": ("pinned_services_render_root", _units),
@@ -602,6 +697,8 @@ def build(host: str, inputs: Mapping, plan, facts: Mapping, layers=ALL_LAYERS) -
                 f"in ({exc!r}). Fix the variables; nothing was changed."
             )
         if layer == "mig" and not _safe(_mig_run, inp, plan, facts):
+            continue
+        if layer == "gpu" and not _safe(_gpu_run, inp):
             continue
         if layer == "mps" and not _safe(_mps_run, inp, plan, facts):
             continue

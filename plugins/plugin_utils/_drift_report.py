@@ -33,6 +33,7 @@ FILES = ("drift.json", "drift.junit.xml", "drift.prom")
 LAYERS = {
     "hugepages": "numa_hugepages",
     "numa_kernel": "numa_kernel",
+    "nvidia_gpu": "nvidia_gpu_settings",
     "nvidia_mig": "nvidia_mig",
     "nvidia_mps": "nvidia_mps",
     "pinned_services": "pinned_units",
@@ -43,6 +44,7 @@ JUNIT_LAYERS = tuple(LAYERS) + ("verify",)
 APPLY_LAYERS = {
     "hugepages": "hugepages",
     "kernel": "numa_kernel",
+    "gpu": "nvidia_gpu",
     "mig": "nvidia_mig",
     "mps": "nvidia_mps",
     "units": "pinned_services",

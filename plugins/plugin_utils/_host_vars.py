@@ -381,6 +381,47 @@ MIG_GPU_KEYS = (
         keys=MIG_LAYOUT_KEYS,
     ),
 )
+GPU_SETTING_KEYS = (
+    Key(
+        "gpu", "str", REQUIRED, "The GPU: PCI address (0000:17:00.0) or UUID (GPU-...), each once."
+    ),
+    Key(
+        "persistence",
+        "bool",
+        None,
+        "Persistence mode; through nvidia-persistenced.service where it is installed (then the "
+        "same value for every GPU that declares it), else per GPU through NVML.",
+        default_text="left as it is",
+    ),
+    Key(
+        "compute_mode",
+        "str",
+        None,
+        "DEFAULT or EXCLUSIVE_PROCESS; not on a GPU an MPS daemon shares or in MIG mode. "
+        "EXCLUSIVE_PROCESS is refused while a process uses the GPU.",
+        default_text="left as it is",
+        choices=("DEFAULT", "EXCLUSIVE_PROCESS"),
+    ),
+    Key(
+        "application_clocks",
+        "dict",
+        None,
+        "Application clocks, a pair the GPU lists (nvidia-smi -q -d SUPPORTED_CLOCKS).",
+        default_text="left as it is",
+        keys=(
+            Key("memory_mhz", "int", REQUIRED, "Memory clock.", unit="MHz"),
+            Key("graphics_mhz", "int", REQUIRED, "Graphics clock.", unit="MHz"),
+        ),
+    ),
+    Key(
+        "power_limit_w",
+        "int",
+        None,
+        "Power limit, inside the GPU's minimum and maximum.",
+        unit="W",
+        default_text="left as it is",
+    ),
+)
 HUGEPAGES_MOUNT_KEYS = (
     Key("path", "str", REQUIRED, "The mount point, an absolute path other than /, each once."),
     Key(
@@ -415,7 +456,7 @@ HOST_VARS = (
         "Where the host's sysfs is mounted: a container's mount of it, or a recorded tree "
         "(playbooks/capture_topology.yml).",
         _TOPOLOGY,
-        role_inputs=("hugepages_sysfs_root", "nvidia_mig_sysfs_root"),
+        role_inputs=("hugepages_sysfs_root", "nvidia_gpu_sysfs_root", "nvidia_mig_sysfs_root"),
     ),
     HostVar(
         "numafleet_procfs_root",
@@ -423,7 +464,7 @@ HOST_VARS = (
         "/proc",
         "Where the host's procfs is mounted.",
         _TOPOLOGY,
-        role_inputs=("hugepages_procfs_root", "nvidia_mig_procfs_root"),
+        role_inputs=("hugepages_procfs_root", "nvidia_gpu_procfs_root", "nvidia_mig_procfs_root"),
     ),
     HostVar(
         "numafleet_gpu_snapshot",
@@ -432,7 +473,7 @@ HOST_VARS = (
         "A recorded GPU state (gpu_topology_facts snapshot_out) read instead of NVML; the "
         "nvidia_mig role reads it in render mode only.",
         _TOPOLOGY,
-        role_inputs=("nvidia_mig_snapshot",),
+        role_inputs=("nvidia_mig_snapshot", "nvidia_gpu_snapshot"),
         default_text="unset (the GPUs themselves)",
     ),
     HostVar(
@@ -446,6 +487,7 @@ HOST_VARS = (
         role_inputs=(
             "hugepages_render_root",
             "numa_kernel_render_root",
+            "nvidia_gpu_render_root",
             "nvidia_mig_render_root",
             "nvidia_mps_render_root",
             "pinned_services_render_root",
@@ -525,6 +567,19 @@ HOST_VARS = (
         _ALL_RUNS,
         elements="dict",
         keys=MIG_GPU_KEYS,
+        checked_by=_PLAN,
+    ),
+    HostVar(
+        "numafleet_gpu_settings",
+        "list",
+        [],
+        "GPU baseline settings per NVIDIA GPU (keys below), applied by the nvidia_gpu role "
+        "before MIG: read back, shown in check mode, reported as drift. Compute mode, clocks "
+        "and power limit are lost at a reboot; the next run sets them again.",
+        (SITE, DRIFT),
+        role_inputs=("nvidia_gpu_settings",),
+        elements="dict",
+        keys=GPU_SETTING_KEYS,
         checked_by=_PLAN,
     ),
     HostVar(
@@ -692,7 +747,7 @@ HOST_VARS = (
         "How GPUs are read and changed: auto (NVML through nvidia-ml-py, else nvidia-smi mig), "
         "nvml or nvidia-smi.",
         (SITE, DRIFT),
-        role_inputs=("nvidia_mig_backend",),
+        role_inputs=("nvidia_mig_backend", "nvidia_gpu_backend"),
         choices=("auto", "nvml", "nvidia-smi"),
     ),
     HostVar(
@@ -834,6 +889,7 @@ BY_NAME = {var.name: var for var in HOST_VARS}
 PLAN_INPUTS = (
     "hugepages_plan",
     "numa_kernel_plan",
+    "nvidia_gpu_plan",
     "nvidia_mig_plan",
     "nvidia_mps_plan",
     "pinned_services_plan",

@@ -22,6 +22,7 @@ import re
 from collections.abc import Callable
 
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa import (
+    gpu_settings,
     hugepages,
     kernel,
     mig,
@@ -57,6 +58,11 @@ NAMES = {
         ),
         "irq_affinity": ("numa_kernel_irq_affinity", "numafleet_irq_affinity"),
         "root": ("numa_kernel_render_root", "numafleet_render_root"),
+    },
+    "nvidia_gpu_settings": {
+        "gpus": ("nvidia_gpu_settings", "numafleet_gpu_settings"),
+        "backend": ("nvidia_gpu_backend", "numafleet_mig_backend"),
+        "root": ("nvidia_gpu_render_root", "numafleet_render_root"),
     },
     "nvidia_mig": {
         "gpus": ("nvidia_mig_plan", "numafleet_mig_gpus"),
@@ -213,6 +219,14 @@ def _mig_checks(args: dict) -> list:
     ]
 
 
+def _gpu_checks(args: dict) -> list:
+    return [
+        ("gpus", lambda: gpu_settings.parse_settings(args.get("gpus") or [])),
+        ("backend", lambda: _choice(args, "backend", ("auto", "nvml", "nvidia-smi"))),
+        ("root", lambda: _root(args.get("root", "/"))),
+    ]
+
+
 def _mps_checks(args: dict) -> list:
     def render():
         daemons, dummy = mps.plan_daemons(args.get("plan"))
@@ -308,6 +322,7 @@ def problems(module: str, args: dict, host: str, numa_facts=None) -> list:
             args, None if numa_facts is None else offered_sizes_kb(numa_facts), numa_facts
         ),
         "numa_kernel": lambda: _kernel_checks(args),
+        "nvidia_gpu_settings": lambda: _gpu_checks(args),
         "nvidia_mig": lambda: _mig_checks(args),
         "nvidia_mps": lambda: _mps_checks(args),
         "pinned_units": lambda: _pinned_checks(args),

@@ -35,7 +35,15 @@ POOL = ("qemu-2node-01", "sys/devices/system/node/node1/hugepages/hugepages-2048
 REMOVED = ("epyc-nps4-01", f"{UNITS}/numafleet-vision.service")
 CONTROL = "gh200-01"
 DRIFTED = sorted({EDITED[0], POOL[0], REMOVED[0]})
-LAYERS = ("hugepages", "numa_kernel", "nvidia_mig", "nvidia_mps", "pinned_services", "verify")
+LAYERS = (
+    "hugepages",
+    "numa_kernel",
+    "nvidia_gpu",
+    "nvidia_mig",
+    "nvidia_mps",
+    "pinned_services",
+    "verify",
+)
 SUMMARY_TASK = "Print the drift summary"
 FINAL_TASK = "Fail the host when it drifted, failed or was unreachable"
 

@@ -103,6 +103,17 @@ class FakeGpu:
     # CPUs of nvmlDeviceGetCpuAffinityWithinScope at NODE scope; None: NOT_SUPPORTED (as a
     # driver without the call answers).
     cpu_affinity: Optional[tuple] = None
+    # Application clocks (memory MHz, graphics MHz) as nvmlDeviceGetApplicationsClock answers
+    # them; None: NOT_SUPPORTED (as on GeForce boards). ``supported_clocks``: {memory MHz:
+    # (graphics MHz, ...)} of nvmlDeviceGetSupportedMemoryClocks/GraphicsClocks.
+    application_clocks: Optional[tuple] = None
+    default_application_clocks: Optional[tuple] = None
+    supported_clocks: dict = field(default_factory=dict)
+    # Power management limit in milliwatts (nvmlDeviceGetPowerManagementLimit); None:
+    # NOT_SUPPORTED. ``power_constraints_mw``: (min, max) of ...LimitConstraints.
+    power_limit_mw: Optional[int] = None
+    power_default_mw: Optional[int] = None
+    power_constraints_mw: Optional[tuple] = None
 
     def __post_init__(self) -> None:
         if not self.uuid:
@@ -265,6 +276,98 @@ class FakeNvml:
 
     def nvmlDeviceGetPersistenceMode(self, handle):
         return self._enter("nvmlDeviceGetPersistenceMode", handle)[1].persistence
+
+    def nvmlDeviceSetPersistenceMode(self, handle, mode):
+        """NVML API reference: takes effect at once; INVALID_ARGUMENT for a mode other than
+        NVML_FEATURE_ENABLED/DISABLED."""
+        gpu = self._enter("nvmlDeviceSetPersistenceMode", handle)[1]
+        if mode not in (pynvml.NVML_FEATURE_ENABLED, pynvml.NVML_FEATURE_DISABLED):
+            _raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpu.persistence = mode
+        return None
+
+    def nvmlDeviceSetComputeMode(self, handle, mode):
+        gpu = self._enter("nvmlDeviceSetComputeMode", handle)[1]
+        modes = (
+            pynvml.NVML_COMPUTEMODE_DEFAULT,
+            pynvml.NVML_COMPUTEMODE_EXCLUSIVE_THREAD,
+            pynvml.NVML_COMPUTEMODE_PROHIBITED,
+            pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS,
+        )
+        if mode not in modes:
+            _raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpu.compute_mode = mode
+        return None
+
+    def _clocks(self, name, handle):
+        gpu = self._enter(name, handle)[1]
+        if gpu.application_clocks is None:
+            _raise(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return gpu
+
+    @staticmethod
+    def _clock_index(clock_type) -> int:
+        if clock_type == pynvml.NVML_CLOCK_MEM:
+            return 0
+        if clock_type in (pynvml.NVML_CLOCK_GRAPHICS, pynvml.NVML_CLOCK_SM):
+            return 1
+        _raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+    def nvmlDeviceGetApplicationsClock(self, handle, type):
+        gpu = self._clocks("nvmlDeviceGetApplicationsClock", handle)
+        return gpu.application_clocks[self._clock_index(type)]
+
+    def nvmlDeviceGetDefaultApplicationsClock(self, handle, type):
+        gpu = self._clocks("nvmlDeviceGetDefaultApplicationsClock", handle)
+        pair = gpu.default_application_clocks or gpu.application_clocks
+        return pair[self._clock_index(type)]
+
+    def nvmlDeviceGetSupportedMemoryClocks(self, handle):
+        gpu = self._clocks("nvmlDeviceGetSupportedMemoryClocks", handle)
+        return sorted(gpu.supported_clocks, reverse=True)
+
+    def nvmlDeviceGetSupportedGraphicsClocks(self, handle, memoryClockMHz):
+        gpu = self._clocks("nvmlDeviceGetSupportedGraphicsClocks", handle)
+        if memoryClockMHz not in gpu.supported_clocks:
+            _raise(pynvml.NVML_ERROR_NOT_FOUND)
+        return sorted(gpu.supported_clocks[memoryClockMHz], reverse=True)
+
+    def nvmlDeviceSetApplicationsClocks(self, handle, maxMemClockMHz, maxGraphicsClockMHz):
+        """INVALID_ARGUMENT for a pair the GPU does not list (NVML API reference: the clocks
+        must be a combination nvmlDeviceGetSupportedGraphicsClocks gives)."""
+        gpu = self._clocks("nvmlDeviceSetApplicationsClocks", handle)
+        if maxGraphicsClockMHz not in gpu.supported_clocks.get(maxMemClockMHz, ()):
+            _raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpu.application_clocks = (maxMemClockMHz, maxGraphicsClockMHz)
+        return None
+
+    def _power(self, name, handle):
+        gpu = self._enter(name, handle)[1]
+        if gpu.power_limit_mw is None:
+            _raise(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return gpu
+
+    def nvmlDeviceGetPowerManagementLimit(self, handle):
+        return self._power("nvmlDeviceGetPowerManagementLimit", handle).power_limit_mw
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, handle):
+        gpu = self._power("nvmlDeviceGetPowerManagementDefaultLimit", handle)
+        return gpu.power_default_mw if gpu.power_default_mw is not None else gpu.power_limit_mw
+
+    def nvmlDeviceGetPowerManagementLimitConstraints(self, handle):
+        gpu = self._power("nvmlDeviceGetPowerManagementLimitConstraints", handle)
+        if gpu.power_constraints_mw is None:
+            _raise(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return list(gpu.power_constraints_mw)
+
+    def nvmlDeviceSetPowerManagementLimit(self, handle, limit):
+        """INVALID_ARGUMENT outside ...LimitConstraints (NVML API reference), in milliwatts."""
+        gpu = self._power("nvmlDeviceSetPowerManagementLimit", handle)
+        low, high = gpu.power_constraints_mw or (limit, limit)
+        if not low <= limit <= high:
+            _raise(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpu.power_limit_mw = limit
+        return None
 
     def nvmlDeviceGetNumaNodeId(self, handle):
         gpu = self._enter("nvmlDeviceGetNumaNodeId", handle)[1]

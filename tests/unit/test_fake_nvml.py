@@ -25,7 +25,9 @@ FAKE_FUNCTIONS = sorted(
 
 def test_the_fake_implements_what_the_core_calls():
     numa = HERE.parents[1] / "plugins" / "module_utils" / "numa"
-    core = "".join((numa / name).read_text() for name in ("gpu.py", "gpu_nvml.py"))
+    core = "".join(
+        (numa / name).read_text() for name in ("gpu.py", "gpu_nvml.py", "gpu_settings.py")
+    )
     called = set()
     for name in dir(pynvml):
         if name.startswith("nvml") and f'"{name}"' in core:

@@ -37,7 +37,7 @@ from ansible_collections.numafleet.tuning.plugins.plugin_utils import _host_vars
 
 REPO = Path(__file__).resolve().parents[2]
 PLAYBOOKS = REPO / "playbooks"
-ROLES = ["hugepages", "numa_kernel", "nvidia_mig", "nvidia_mps", "pinned_services"]
+ROLES = ["hugepages", "numa_kernel", "nvidia_gpu", "nvidia_mig", "nvidia_mps", "pinned_services"]
 SOURCES = schema.role_input_sources()
 # A numafleet_* name that is read: not an attribute (ansible_facts.numafleet_plan), not internal
 # (__numafleet_site_plan), not a file name (numafleet_drift.prom).
@@ -128,7 +128,7 @@ def test_the_inputs_left_to_the_inventory_are_role_options():
 @pytest.mark.parametrize("role_input", sorted(SOURCES))
 def test_site_inputs_hand_each_input_the_host_variable_the_schema_names(role_input):
     given = {SOURCES[role_input]: "from-the-host"}
-    if role_input == "nvidia_mig_snapshot":  # read in render mode only
+    if role_input in ("nvidia_mig_snapshot", "nvidia_gpu_snapshot"):  # render mode only
         given["numafleet_render_root"] = "/srv/render"
     assert _apply_args.site_inputs(given)[role_input] == "from-the-host"
 

@@ -136,3 +136,8 @@ class MigBackendError(MigError):
         self.reason = reason
         self.fix = fix
         super().__init__(f"GPU {gpu}: {call} failed: {reason}. {fix}")
+
+
+class GpuSettingsError(NumaTuneError):
+    """A GPU baseline setting (persistence, compute mode, clocks, power limit) cannot be applied:
+    bad input, a busy GPU, a refused NVML or nvidia-smi call, or a read-back that differs."""

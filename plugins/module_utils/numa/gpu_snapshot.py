@@ -104,6 +104,25 @@ _RECORD = _obj(
     # NVML's NODE-scope CPU affinity (gpu_nvml._read_cpu_affinity); absent in older snapshots
     nvml_cpu_affinity=_absent_ok(_list(_INT)),
     unavailable=("map", _STR),
+    # GPU baseline settings (gpu_settings.SnapshotBackend): what a render apply set, and what a
+    # recording knows of clocks and power limit; absent in snapshots that say nothing of them
+    application_clocks=_absent_ok(
+        _obj(
+            memory_mhz=_absent_ok(_INT),
+            graphics_mhz=_absent_ok(_INT),
+            default_memory_mhz=_absent_ok(_INT),
+            default_graphics_mhz=_absent_ok(_INT),
+            supported=_absent_ok(_list(_obj(memory_mhz=_INT, graphics_mhz=_list(_INT)))),
+        )
+    ),
+    power_limit=_absent_ok(
+        _obj(
+            current_w=_absent_ok(_INT),
+            default_w=_absent_ok(_INT),
+            min_w=_absent_ok(_INT),
+            max_w=_absent_ok(_INT),
+        )
+    ),
 )
 _SNAPSHOT = _obj(
     format=_STR,

@@ -1,7 +1,8 @@
 # Private to this collection: may change in any release.
-"""The five apply layers (hugepages, kernel, mig, mps, units) as one function each, behind ``run``.
+"""The apply layers (hugepages, kernel, gpu, mig, mps, units) as one function each, behind ``run``.
 
-The five apply modules (numa_hugepages, numa_kernel, nvidia_mig, nvidia_mps, pinned_units) and
+The apply modules (numa_hugepages, numa_kernel, nvidia_gpu_settings, nvidia_mig, nvidia_mps,
+pinned_units) and
 host_apply call ``run(layer, params, host)``; it returns the module result of that layer (the
 same keys the module returns) and raises LayerError (``msg`` and ``ran``). ``host`` is anything
 with the attributes and methods of ``ModuleHost`` (an AnsibleModule adapted by it, or a test
@@ -25,7 +26,7 @@ from typing import Optional
 
 from .errors import NumaTuneError
 
-LAYERS = ("hugepages", "kernel", "mig", "mps", "units")
+LAYERS = ("hugepages", "kernel", "gpu", "mig", "mps", "units")
 ENVIRON = {"LC_ALL": "C", "LANG": "C"}
 _SYSTEMD = dict(type="str", choices=["systemd", "none"], default="systemd")
 
@@ -52,6 +53,21 @@ _MIG_GPU = dict(
     uuid=dict(type="str"),
     mode=dict(type="str", choices=["enabled", "disabled"], default="enabled"),
     layout=dict(type="list", elements="dict", default=[], options=_MIG_LAYOUT),
+)
+
+# No choices= on compute_mode: the core accepts either case and names the choices itself.
+_GPU_SETTING = dict(
+    gpu=dict(type="str", required=True),
+    persistence=dict(type="bool"),
+    compute_mode=dict(type="str"),
+    application_clocks=dict(
+        type="dict",
+        options=dict(
+            memory_mhz=dict(type="int", required=True),
+            graphics_mhz=dict(type="int", required=True),
+        ),
+    ),
+    power_limit_w=dict(type="int"),
 )
 
 # Each layer's module argument_spec (the module's DOCUMENTATION documents the same options).
@@ -109,6 +125,16 @@ SPECS = {
         root=dict(type="path", default="/"),
         service_manager=_SYSTEMD,
     ),
+    "gpu": dict(
+        gpus=dict(type="list", elements="dict", default=[], options=_GPU_SETTING),
+        mps_gpus=dict(type="list", elements="str", default=[]),
+        backend=dict(type="str", choices=["auto", "nvml", "nvidia-smi"], default="auto"),
+        snapshot=dict(type="path"),
+        root=dict(type="path", default="/"),
+        service_manager=_SYSTEMD,
+        procfs_root=dict(type="path", default="/proc"),
+        sysfs_root=dict(type="path", default="/sys"),
+    ),
     "mig": dict(
         gpus=dict(type="list", elements="dict", required=True, options=_MIG_GPU),
         reset_ok=dict(type="bool", default=False),
@@ -147,7 +173,7 @@ SPECS = {
 }
 
 # Layers whose module result has carried `ran` on failure (the others fail with `msg` only).
-_RAN_ON_FAILURE = ("kernel", "mps", "units")
+_RAN_ON_FAILURE = ("kernel", "gpu", "mps", "units")
 
 
 class LayerError(Exception):
@@ -219,7 +245,7 @@ def run(layer: str, params: dict, host) -> dict:
 
 
 def run_module(module, layer: str, load_pynvml=None) -> None:
-    """Lock + run + exit_json/fail_json for one of the five thin apply modules; never returns."""
+    """Lock + run + exit_json/fail_json for one of the thin apply modules; never returns."""
     host = ModuleHost(module, load_pynvml)
     try:
         with lock(module.params["root"], host.check_mode):
@@ -318,6 +344,46 @@ def kernel_drift(settings) -> list:
 
 def _no_nvml():
     return None
+
+
+class _GpuHost:
+    """What gpu_settings.run needs of the host: commands, binaries, NVML and GPU holders."""
+
+    def __init__(self, host, params: dict) -> None:
+        self.host = host
+        self.params = params
+        self.load_nvml = getattr(host, "load_pynvml", None) or _no_nvml
+
+    def runner(self, argv):
+        return self.host.run_command(argv, environ_update=dict(ENVIRON))
+
+    def which(self, name: str):
+        return self.host.get_bin_path(name)
+
+    def holders(self) -> list:
+        import os
+
+        from .mig_holders import read_holders
+
+        return read_holders(
+            self.params["procfs_root"], self.params["sysfs_root"], exclude_pids=(os.getpid(),)
+        )
+
+    def minors(self) -> dict:
+        from .mig_holders import read_gpu_minors
+
+        return read_gpu_minors(self.params["procfs_root"])
+
+
+def _gpu(params: dict, host, ran: list) -> dict:
+    from . import gpu_settings
+
+    result = gpu_settings.run(dict(params), host.check_mode, _GpuHost(host, params), ran)
+    for warning in result.pop("warnings"):
+        host.warn(warning)
+    if not host.diff:
+        result.pop("diff")
+    return result
 
 
 def _mig(params: dict, host, ran: list) -> dict:
@@ -612,6 +678,7 @@ def _effective_units(params: dict, host, desired: dict, changes: list) -> dict:
 _RUNNERS = {
     "hugepages": _hugepages,
     "kernel": _kernel,
+    "gpu": _gpu,
     "mig": _mig,
     "mps": _mps,
     "units": _units,
@@ -709,6 +776,7 @@ def merged_would_run(results: dict, restart: str = "auto", awaited=()) -> list:
 _PLAN_LISTS = {
     "hugepages": ("nodes",),
     "kernel": (),
+    "gpu": ("mps_daemons",),
     "mig": ("mig_gpus", "placements", "mps_daemons"),
     "mps": ("mps_daemons",),
     "units": ("placements",),
@@ -717,6 +785,7 @@ _PLAN_LISTS = {
 SUPPLIED = {
     "hugepages": ("root", "service_manager", "pools"),
     "kernel": ("root", "service_manager"),
+    "gpu": ("root", "service_manager", "mps_gpus"),
     "mig": ("root", "service_manager", "gpus", "owned_units"),
     "mps": ("root", "service_manager", "plan"),
     "units": ("root", "service_manager", "plan"),
@@ -772,6 +841,14 @@ def supplied_params(layer: str, plan: dict, root: str, service_manager: str) -> 
             for entry in (plan.get("placements") or []) + (plan.get("mps_daemons") or [])
             if isinstance(entry, dict) and entry.get("unit")
         ]
+    elif layer == "gpu":
+        params["mps_gpus"] = sorted(
+            {
+                str(entry["gpu_address"])
+                for entry in plan.get("mps_daemons") or []
+                if isinstance(entry, dict) and entry.get("gpu_address")
+            }
+        )
     elif layer in ("mps", "units"):
         params["plan"] = plan
     return params

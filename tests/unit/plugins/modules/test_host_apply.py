@@ -22,10 +22,12 @@ HOST_VARS = REPO / "inventories" / "demo" / "host_vars" / "gpu-a100-01.yml"
 MODULES = {
     "hugepages": "numa_hugepages",
     "kernel": "numa_kernel",
+    "gpu": "nvidia_gpu_settings",
     "mig": "nvidia_mig",
     "mps": "nvidia_mps",
     "units": "pinned_units",
 }
+GPU_SETTING = {"gpu": "0000:31:00.0", "power_limit_w": 300}
 FAKE_SYSTEMCTL = """#!/bin/sh
 echo "$@" >> "{log}"
 if [ -n "$FAKE_SYSTEMCTL_FAIL" ] && [ "$1" = "$FAKE_SYSTEMCTL_FAIL" ]; then
@@ -94,6 +96,8 @@ def layer_options(demo) -> dict:
     return {
         "hugepages": dict(roots, bootloader="none"),
         "kernel": dict(roots, numa_balancing=0, zone_reclaim_mode=0),
+        # The gpu layer writes into the snapshot the mig layer reads next.
+        "gpu": {"snapshot": f"{fsroot}/gpu-snapshot.json", "gpus": [GPU_SETTING]},
         "mig": dict(roots, snapshot=f"{fsroot}/gpu-snapshot.json"),
         "mps": {},
         "units": {"hardening": True},
@@ -126,6 +130,8 @@ def old_module_args(layer, demo, plan) -> dict:
         args["owned_units"] = [p["unit"] for p in plan["placements"]] + [
             d["unit"] for d in plan["mps_daemons"] if d.get("unit")
         ]
+    elif layer == "gpu":
+        args["mps_gpus"] = sorted({d["gpu_address"] for d in plan["mps_daemons"]})
     elif layer in ("mps", "units"):
         args["plan"] = plan
     return args
@@ -285,7 +291,7 @@ def test_a_failing_layer_names_the_layer_and_keeps_the_results_before(run_module
     assert result["failed"]
     assert result["msg"].startswith("host gpu-a100-01: layer units: ")
     assert "unit_dir" in result["msg"]
-    assert list(result["layers"]) == ["hugepages", "kernel", "mig", "mps"]
+    assert list(result["layers"]) == ["hugepages", "kernel", "gpu", "mig", "mps"]
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,14 @@ from ansible_collections.numafleet.tuning.plugins.plugin_utils._apply_args impor
 )
 
 REPO = Path(__file__).resolve().parents[4]
-APPLY_ROLES = ("hugepages", "numa_kernel", "nvidia_mig", "nvidia_mps", "pinned_services")
+APPLY_ROLES = (
+    "hugepages",
+    "numa_kernel",
+    "nvidia_gpu",
+    "nvidia_mig",
+    "nvidia_mps",
+    "pinned_services",
+)
 H = "h1"
 
 
@@ -168,7 +175,10 @@ def test_render_mode_and_runs():
     assert with_snapshot.module_args["mig"]["snapshot"] == "/s.json"
     assert "snapshot" not in build(H, inputs, _plan(gpus=[gpu]), facts).module_args["mig"]
     del facts["numafleet_state_paths"]  # not known: both run
-    assert build(H, inputs, _plan(gpus=[gpu]), facts).module_args["layers"] == list(ALL_LAYERS)
+    # The gpu layer runs only where GPU settings are declared.
+    assert build(H, inputs, _plan(gpus=[gpu]), facts).module_args["layers"] == [
+        layer for layer in ALL_LAYERS if layer != "gpu"
+    ]
 
 
 def _plan_text(role_input, shape, version="none", host="none"):
@@ -483,3 +493,74 @@ def test_site_messages_name_the_host_variable_of_each_role_input():
         " Under site.yml and drift_check.yml set it with numafleet_hugepages_mounts."
     )
     assert named[1:] == problems[1:]  # already named; the plan is not a host variable
+
+
+# -- the gpu layer (numafleet_gpu_settings) ---------------------------------------------------------
+
+GPU_FACTS = {
+    "gpu_topology": {
+        "gpus": [
+            {"address": "0000:17:00.0", "vendor": "nvidia", "uuid": "GPU-a", "mig": None},
+            {
+                "address": "0000:31:00.0",
+                "vendor": "nvidia",
+                "uuid": "GPU-b",
+                "mig": {"mode_current": "enabled"},
+            },
+            {"address": "0000:ca:00.0", "vendor": "nvidia", "uuid": "GPU-c", "mig": None},
+        ]
+    }
+}
+MPS_ON_CA = [{"gpu_address": "0000:ca:00.0", "unit": "numafleet-mps-x.service"}]
+
+
+def _gpu_build(settings, **plan):
+    inputs = {"nvidia_gpu_settings": settings}
+    return build(H, inputs, _plan(**plan), GPU_FACTS, ("gpu",))
+
+
+def test_gpu_layer_runs_with_declared_settings_only():
+    assert _gpu_build([]).module_args["layers"] == []
+    declared = [{"gpu": "GPU-a", "compute_mode": "EXCLUSIVE_PROCESS", "power_limit_w": 300}]
+    got = _gpu_build(declared)
+    assert got.problems == []
+    assert got.module_args["layers"] == ["gpu"]
+    assert got.module_args["gpu"]["gpus"] == declared
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        (
+            {"gpu": "0000:99:00.0"},
+            "nvidia_gpu_settings[0] (numafleet_gpu_settings[0] in site.yml): GPU 0000:99:00.0 is not an "
+            "NVIDIA GPU of this host's facts "
+            "(NVIDIA GPUs: 0000:17:00.0, 0000:31:00.0, 0000:ca:00.0)",
+        ),
+        (
+            {"gpu": "ca:00.0", "compute_mode": "DEFAULT"},
+            "an MPS daemon of the plan shares it and its unit sets the compute mode",
+        ),
+        ({"gpu": "GPU-b", "compute_mode": "DEFAULT"}, "which is in MIG mode"),
+        (
+            {"gpu": "GPU-a", "power_limit_w": -5},
+            "nvidia_gpu_settings (set from numafleet_gpu_settings by site.yml and "
+            "drift_check.yml): gpus[0].power_limit_w: -5 is not a positive whole number of watts",
+        ),
+        (
+            {"gpu": "GPU-a", "compute_mode": "exclusive"},
+            "gpus[0].compute_mode: 'exclusive' is not one of DEFAULT, EXCLUSIVE_PROCESS",
+        ),
+    ],
+)
+def test_gpu_settings_refused_before_the_gate(entry, message):
+    (problem,) = _gpu_build([entry], mps_daemons=MPS_ON_CA).problems
+    assert problem.startswith(f"host {H}: nvidia_gpu_settings")
+    assert message in problem
+    assert problem.endswith("Fix the variable; nothing was changed.")
+
+
+def test_gpu_settings_need_this_hosts_plan():
+    got = build(H, {"nvidia_gpu_settings": [{"gpu": "GPU-a"}]}, {"version": 1}, GPU_FACTS, ("gpu",))
+    (problem,) = got.problems
+    assert problem.startswith(f"host {H}: nvidia_gpu_plan is not this host's plan")
