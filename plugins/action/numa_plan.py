@@ -13,7 +13,7 @@ from __future__ import annotations
 from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
-from ansible_collections.numafleet.tuning.plugins.module_utils.numa import mps, units
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import mps, partition, units
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.changes import change_plan
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import (
     NumaTuneError,
@@ -43,6 +43,7 @@ ARGUMENT_SPEC = dict(
     placements=dict(type="raw", default=[]),
     tenants=dict(type="raw", default=[]),
     reserved_cpus=dict(type="raw", default=""),
+    partition=dict(type="bool", default=False),
     memory_headroom_pct=dict(type="raw", default=15),
     hugepages_extra=dict(type="raw", default=[]),
     mig_gpus=dict(type="raw", default=[]),
@@ -147,6 +148,7 @@ class ActionModule(ControllerAction):
         policy = {
             "reserved_cpus": plain(reserved),
             "memory_headroom_pct": plain(args["memory_headroom_pct"]),
+            "partition": plain(args["partition"]),
         }
         recorded = args["recorded"]
         if recorded is None:
@@ -217,9 +219,13 @@ class ActionModule(ControllerAction):
             result["changes"] = changes["lines"]
             summary = f"{summary}; {changes['summary']}"
         result.update(changed=False, ansible_facts=new_facts, summary=summary)
-        if plan.get("warnings"):
+        # A host note, not a note of this run's facts: kept out of plan["warnings"] (and so out
+        # of the summary's warning count); shown as a [WARNING] line on every run.
+        note = partition.no_reserved_warning(plan.get("reserved_cpus"), plan.get("placements"))
+        shown = list(plan.get("warnings") or ()) + ([note] if note else [])
+        if shown:
             # Shown as [WARNING] lines, which carry no host name of their own.
-            result["warnings"] = [f"host {host}: {warning}" for warning in plan["warnings"]]
+            result["warnings"] = [f"host {host}: {warning}" for warning in shown]
         return result
 
     def _from_host_vars(self, args: dict, variables, inputs: dict) -> dict:

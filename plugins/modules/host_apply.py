@@ -39,7 +39,10 @@ description:
   - After the layers, with O(service_manager=systemd) and not in check mode, the module runs the
     commands the roles' handlers ran (the handler pass), in this order - C(systemctl disable --now)
     of the hugetlbfs mount units no longer wanted; ONE C(systemctl daemon-reload) when any layer
-    wrote or removed a unit file; C(systemctl enable numafleet-hugepages.service), mount units
+    wrote or removed a unit file; C(systemctl daemon-reexec) when the units layer wrote, changed
+    or removed the housekeeping partition's C(system.conf.d) drop-in (host variable
+    C(numafleet_partition)), and after a removal C(taskset -a -p -c <allowed CPUs> 1), which gives
+    PID 1 its CPUs back; C(systemctl enable numafleet-hugepages.service), mount units
     restarted and started; C(update-grub) or C(grubby) when the boot-time hugepages changed;
     C(systemctl enable numafleet-mig.service) when that unit was written; MPS daemons enabled and
     restarted (O(restart=auto)) and new ones started; pinned units restarted, units pinned by a
@@ -156,7 +159,7 @@ options:
         elements: dict
         default: []
       policy:
-        description: C(reserved_cpus) and C(memory_headroom_pct), as M(numafleet.tuning.numa_plan) takes them.
+        description: C(reserved_cpus), C(memory_headroom_pct) and C(partition), as M(numafleet.tuning.numa_plan) takes them.
         type: dict
         default: {}
       hugepages_extra:

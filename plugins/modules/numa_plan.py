@@ -114,6 +114,17 @@ options:
       - Reserving every online CPU of a NUMA node is an error.
     type: raw
     default: ""
+  partition:
+    description:
+      - Whether the plan partitions the host. With V(true) and at least one placement,
+        the plan gets a C(partition) key (C(housekeeping_cpus), the online and allowed CPUs of
+        O(reserved_cpus); C(units)) from which the units layer writes C(AllowedCPUs=) drop-ins
+        for C(system.slice), C(user.slice) and C(init.scope) and a C(CPUAffinity=) drop-in in
+        C(/etc/systemd/system.conf.d/). Usually the host variable C(numafleet_partition).
+      - V(true) with an empty O(reserved_cpus), with none of them online (and allowed), or with a
+        placement on one of them is an error.
+    type: bool
+    default: false
   memory_headroom_pct:
     description:
       - Percentage of each NUMA node's memory kept free when planning (0 to 90).
@@ -387,6 +398,17 @@ ansible_facts:
           description: Per-node memory headroom used.
           type: int
           sample: 15
+        partition:
+          description:
+            - Only when O(partition) is true and the host has placements (absent otherwise, and in
+              plans of older releases) - C(housekeeping_cpus) (the online, allowed CPUs of
+              O(reserved_cpus), sorted) and C(units) (V(init.scope), V(system.slice),
+              V(user.slice), the units confined to them).
+            - It depends only on O(reserved_cpus) and the facts, never on the placements, so a
+              placement change leaves the partition's files unchanged.
+          type: dict
+          returned: when the host is partitioned
+          sample: {housekeeping_cpus: [0, 64], units: [init.scope, system.slice, user.slice]}
         placements:
           description:
             - One entry per placement, in declaration order, with C(name), C(index), C(unit),

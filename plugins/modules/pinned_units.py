@@ -27,6 +27,16 @@ description:
     systemd would otherwise merge with the vendor unit's own values.
   - Tenant slices set C(AllowedCPUs=) and C(AllowedMemoryNodes=) to the union of their
     placements, and C(MemoryMax=) when the tenant has a memory limit.
+  - A plan with a C(partition) key (host variable C(numafleet_partition)) also gets the
+    housekeeping partition - C(system.slice.d/50-numafleet.conf), C(user.slice.d/50-numafleet.conf)
+    (C([Slice] AllowedCPUs=)) and C(init.scope.d/50-numafleet.conf) (C([Scope] AllowedCPUs=)) in
+    O(unit_dir), and C(system.conf.d/50-numafleet.conf) (C([Manager] CPUAffinity=)) beside it
+    (C(/etc/systemd/system.conf.d/)), all set to the housekeeping CPUs. C(numafleet.slice) is not
+    confined. Slices and scopes are listed in RV(slices) and never restarted (C(daemon-reload)
+    applies them); a change of the C(system.conf.d) file sets RV(reexec_needed) (C(systemctl
+    daemon-reexec), which makes PID 1 read it; no unit is restarted). They are recorded in the
+    manifest like every other file, and removed (C(.d) directories left empty too) when the plan
+    no longer has a C(partition).
   - Every value is written so that systemd reads back exactly it, or the module fails naming the
     field and the fix. C(ExecStart=) words and C(Environment=) assignments are double-quoted with
     backslashes and C(") escaped and C(%) doubled (C($) too in C(ExecStart=)); unquoted values
@@ -234,7 +244,8 @@ units:
       elements: str
       sample: []
 slices:
-  description: Tenant slices (C(numafleet-<tenant>.slice)) by state, as in RV(units).
+  description: Tenant slices (C(numafleet-<tenant>.slice)), and the housekeeping partition's
+    C(system.slice), C(user.slice) and C(init.scope) drop-ins, by state, as in RV(units).
   returned: always
   type: dict
   contains:
@@ -268,6 +279,21 @@ reload_needed:
   returned: always
   type: bool
   sample: true
+reexec_needed:
+  description: Whether the housekeeping partition's C(system.conf.d/50-numafleet.conf) was (or
+    would be) created, changed or removed, so that systemd has to re-execute
+    (C(systemctl daemon-reexec), after the reload) to apply C(CPUAffinity=) to PID 1.
+  returned: always
+  type: bool
+  sample: false
+pid1_affinity_reset:
+  description: When that file is removed, the argv run right after the re-exec to give PID 1 the
+    plan's allowed CPUs back (systemd leaves PID 1's affinity as it is when C(CPUAffinity=) is
+    unset); empty otherwise.
+  returned: always
+  type: list
+  elements: str
+  sample: [taskset, -a, -p, -c, 0-63, "1"]
 would_run:
   description:
     - The C(systemctl) commands that bring the running services in line with the files, in order

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa import gpu_settings
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import partition
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.cpulist import format_cpulist
 from ansible_collections.numafleet.tuning.plugins.plugin_utils import _module_inputs
 from ansible_collections.numafleet.tuning.plugins.plugin_utils._host_vars import (
@@ -369,6 +370,10 @@ def _kernel(host, inp, plan, facts, out):
     elif banned == "auto":
         quiet = list(_get(cpus, "isolated", None) or []) + list(_get(cpus, "nohz_full", None) or [])
         try:
+            # A partitioned host (numafleet_partition): every CPU outside the housekeeping set,
+            # as TuneD's cpu-partitioning bans its isolated cores; stable across placement edits.
+            fenced = partition.irqbalance_banned(plan, _get(cpus, "online", None) or [], quiet)
+            quiet = quiet if fenced is None else fenced
             args["irqbalance_banned_cpus"] = format_cpulist(quiet) or None
         except (TypeError, ValueError):
             args["irqbalance_banned_cpus"] = None

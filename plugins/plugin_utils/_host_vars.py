@@ -538,6 +538,18 @@ HOST_VARS = (
         type_text="cpulist str, int or list",
     ),
     HostVar(
+        "numafleet_partition",
+        "bool",
+        False,
+        "Confine system.slice, user.slice and init.scope (AllowedCPUs=) and PID 1 "
+        "(CPUAffinity= in system.conf.d) to numafleet_reserved_cpus, the housekeeping CPUs, on "
+        "a host with placements; irqbalance then bans every other CPU. Needs "
+        "numafleet_reserved_cpus. Off by default: it moves every system daemon and login of "
+        "the host onto those CPUs, so size them first (sshd, journald, kubelet, exporters).",
+        _ALL_RUNS,
+        checked_by=_PLAN,
+    ),
+    HostVar(
         "numafleet_memory_headroom_pct",
         "int",
         15,

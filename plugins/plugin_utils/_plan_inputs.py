@@ -18,6 +18,7 @@ PLAN_VARIABLES = {
     "placements": "numafleet_placements",
     "tenants": "numafleet_tenants",
     "reserved_cpus": "numafleet_reserved_cpus",
+    "partition": "numafleet_partition",
     "memory_headroom_pct": "numafleet_memory_headroom_pct",
     "hugepages_extra": "numafleet_hugepages_extra",
     "mig_gpus": "numafleet_mig_gpus",
@@ -51,7 +52,7 @@ def _list(value) -> list:
 def replan_inputs(variables, facts: dict) -> dict:
     """The module host_apply's ``replan`` option: what numa_plan planned from, on the host.
 
-    Shape: {numa, placements, tenants, policy: {reserved_cpus, memory_headroom_pct},
+    Shape: {numa, placements, tenants, policy: {reserved_cpus, memory_headroom_pct, partition},
     hugepages_extra, mig_gpus, sysfs_root, procfs_root, gpu_snapshot (left out when unset)}.
     """
     inputs = plan_inputs(variables)
@@ -63,6 +64,7 @@ def replan_inputs(variables, facts: dict) -> dict:
         "policy": {
             "reserved_cpus": "" if inputs["reserved_cpus"] is None else inputs["reserved_cpus"],
             "memory_headroom_pct": inputs["memory_headroom_pct"],
+            "partition": inputs["partition"],
         },
         "hugepages_extra": _list(inputs["hugepages_extra"]),
         "mig_gpus": _list(inputs["mig_gpus"]),

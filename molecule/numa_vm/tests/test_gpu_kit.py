@@ -126,8 +126,13 @@ def run_check(host, kit_dir: str, node: int, cache_node: int) -> tuple:
     # cp's writes allocate the copy's page cache under cp's memory policy: all on cache_node.
     host.check_output(f"numactl --membind={cache_node} cp /usr/bin/python3 {shlex.quote(python)}")
     started = time.monotonic()
+    # In numafleet.slice, where placements run: the guest is partitioned (numafleet_partition),
+    # so this login session is confined to the housekeeping CPU, and the kit plans inside the
+    # CPUs it may use.
     result = host.run(
-        f"cd / && python3 {shlex.quote(kit_dir)}/drive_kit.py {node} {shlex.quote(python)}"
+        "systemd-run --quiet --wait --pipe --collect --slice=numafleet.slice "
+        f"-p WorkingDirectory=/ python3 {shlex.quote(kit_dir)}/drive_kit.py {node} "
+        f"{shlex.quote(python)}"
     )
     seconds = round(time.monotonic() - started, 1)
     assert result.rc == 0, result.stdout + result.stderr

@@ -17,6 +17,7 @@ from typing import Optional
 
 from . import mps, units
 from .cpulist import format_cpulist
+from .partition import is_manager_file
 from .planner import placement_text, waits_text
 from .recorded import MANIFEST_PATHS, digest
 from .units import unit_of
@@ -221,7 +222,7 @@ def change_plan(
         path
         for path in recorded_files
         if path not in MANIFEST_PATHS
-        and unit_of(path).endswith((".service", ".slice"))
+        and (unit_of(path).endswith((".service", ".slice", ".scope")) or is_manager_file(path))
         and recorded_files[path] != "kept"  # not ours any more: never stopped or removed
     ]
     # Listed by a manifest but no longer as numafleet wrote them (edited, a link, a foreign
@@ -353,6 +354,8 @@ def change_plan(
             # Written but not started: their MIG instance does not exist yet (waits_for).
             "waiting": {unit: units.waiting_line(unit, waits) for unit, waits in pinned.waiting},
             "slices": {key: pinned.slices[key] for key in ("new", "changed", "removed")},
+            # The partition's system.conf.d drop-in changes: PID 1 re-executes (no restart).
+            "reexec": pinned.reexec_needed,
             "reload": pinned.reload_needed or daemon_actions.reload_needed,
             # Why an MPS daemon restarts (its clients then restart through Requires=).
             "restart_reasons": daemon_restart_reasons(
@@ -377,6 +380,7 @@ def change_plan(
         or mig
         or result["hugepages"]
         or any(result["units"]["slices"].values())
+        or result["units"]["reexec"]
     )
     result["lines"] = change_lines(result)
     result["summary"] = change_summary(result)
@@ -406,6 +410,8 @@ def change_summary(changes: dict) -> str:
     slices = sum(len(names) for names in unit_actions["slices"].values())
     if slices:
         units_text.append(f"{slices} slice{'' if slices == 1 else 's'} written")
+    if unit_actions.get("reexec"):
+        units_text.append("systemd re-executed")
     if changes["hugepages"]:
         pools = len(changes["hugepages"])
         units_text.append(f"{pools} hugepage pool{'' if pools == 1 else 's'} to change")
@@ -486,6 +492,11 @@ def change_lines(changes: dict) -> list:
     for state, names in unit_actions["slices"].items():
         if names:
             lines.append(f"  {state} slice: {', '.join(names)} (applied at daemon-reload)")
+    if unit_actions.get("reexec"):
+        lines.append(
+            "  systemd manager: CPUAffinity of the housekeeping partition (system.conf.d) "
+            "changes; applied by systemctl daemon-reexec (no restarts)"
+        )
     if changes["hugepages"]:
         lines.append(f"  hugepage pools: {'; '.join(changes['hugepages'])}")
     for item in changes["mig"]:

@@ -131,7 +131,11 @@ _SIZE_UNITS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5, "e": 6}
 # Which verify binding check a differing property fails.
 CPU_PROPERTIES = ("CPUAffinity", "AllowedCPUs")
 MEM_PROPERTIES = ("NUMAPolicy", "NUMAMask", "AllowedMemoryNodes")
-_SECTIONS = {".service": ("Unit", "Service"), ".slice": ("Unit", "Slice")}
+_SECTIONS = {
+    ".service": ("Unit", "Service"),
+    ".slice": ("Unit", "Slice"),
+    ".scope": ("Unit", "Scope"),  # init.scope of the housekeeping partition (partition.py)
+}
 SHOW_PROPERTIES = (
     "Id",
     "LoadState",
@@ -1002,6 +1006,8 @@ def evaluate(
     for path, text in desired.items():
         parent, base = posixpath.split(path)
         unit = posixpath.basename(parent)[:-2] if parent.endswith(".d") else base
+        if "." + unit.rpartition(".")[2] not in _SECTIONS:
+            continue  # not a unit: the partition's system.conf.d drop-in (PID 1's settings)
         by_unit.setdefault(unit, {})[path] = text
     entries, foreign, disk = [], [], {}
     for unit in sorted(by_unit):

@@ -585,7 +585,7 @@ def _mps_line(drift: dict, key: str) -> str:
 
 
 def _units(params: dict, host, ran: list) -> dict:
-    from . import units
+    from . import partition, units
 
     root, systemd = params["root"], params["service_manager"] == "systemd"
     unit_dir = units.check_host_path("unit_dir", params["unit_dir"])
@@ -605,6 +605,14 @@ def _units(params: dict, host, ran: list) -> dict:
     if plan_change.state == "create" and not desired and not manifest.files:
         plan_change = None  # nothing planned, nothing written before: nothing to record
     actions = units.plan_actions(changes, waiting, waited)
+    would_run = actions.would_run()
+    # The partition's system.conf.d drop-in removed: PID 1 gets every allowed CPU back after
+    # the re-exec (partition.pid1_reset_argv); none when it is written or unchanged.
+    reset = None
+    if any(partition.is_manager_file(c.path) and c.state == "remove" for c in changes):
+        reset = partition.pid1_reset_argv(params["plan"])
+    if reset is not None:
+        would_run.insert(would_run.index("systemctl daemon-reexec") + 1, " ".join(reset))
     if not host.check_mode:
         if systemd and actions.disable:
             systemctl = host.get_bin_path("systemctl", required=True)
@@ -635,7 +643,9 @@ def _units(params: dict, host, ran: list) -> dict:
         units=actions.units,
         slices=actions.slices,
         reload_needed=actions.reload_needed,
-        would_run=actions.would_run(),
+        reexec_needed=actions.reexec_needed,
+        pid1_affinity_reset=reset or [],
+        would_run=would_run,
         ran=ran,
         kept=[item.as_dict() for item in kept],
         handler_restart=list(actions.restart) if handlers else [],
@@ -716,7 +726,8 @@ def handler_argvs(results: dict, restart: str = "auto", awaited=()) -> list:
 
     ``results``: layer name -> that layer's result (service_manager systemd, not check mode: the
     handler_* lists are filled). The order is the roles' handlers': hugepages' mount units
-    disabled; ONE daemon-reload when any layer wrote or removed a unit file; the hugepages unit
+    disabled; ONE daemon-reload when any layer wrote or removed a unit file (then
+    daemon-reexec when the units layer changed the partition's system.conf.d drop-in); the hugepages unit
     enabled, mounts restarted and started; the boot loader updated; the MIG boot unit enabled
     (when written, not removed); MPS daemons enabled and restarted (``restart`` auto) and started; pinned
     units restarted and try-restarted (``restart`` auto) and started; then ``awaited`` units
@@ -728,6 +739,12 @@ def handler_argvs(results: dict, restart: str = "auto", awaited=()) -> list:
     argvs = [["systemctl", "disable", "--now", unit] for unit in hp.get("handler_mount_stop") or ()]
     if _reload_needed(results):
         argvs.append(["systemctl", "daemon-reload"])
+    if (results.get("units") or {}).get("reexec_needed"):
+        # The partition's system.conf.d drop-in changed: PID 1 reads it when it re-executes.
+        argvs.append(["systemctl", "daemon-reexec"])
+        reset = (results.get("units") or {}).get("pid1_affinity_reset")
+        if reset:  # the drop-in was removed: PID 1 keeps its affinity otherwise
+            argvs.append(list(reset))
     if hp.get("handler_enable"):
         argvs.append(["systemctl", "enable", HUGEPAGES_UNIT])
     argvs += [["systemctl", "restart", unit] for unit in hp.get("handler_mount_restart") or ()]
@@ -756,7 +773,8 @@ def handler_argvs(results: dict, restart: str = "auto", awaited=()) -> list:
 def merged_would_run(results: dict, restart: str = "auto", awaited=()) -> list:
     """Every layer's ``would_run`` in layer order with ONE ``systemctl daemon-reload`` (where the
     first layer had it); restart lines of mps and units dropped when ``restart`` is never (as the
-    pinned_services role's report does); then ``systemctl try-restart UNIT`` for ``awaited``."""
+    pinned_services role's report does); then ``systemctl try-restart UNIT`` for ``awaited``.
+    ``systemctl daemon-reexec`` (the partition's system.conf.d changed) follows the reload."""
     lines, reload_seen = [], False
     for name in LAYERS:
         for line in (results.get(name) or {}).get("would_run") or ():
@@ -769,6 +787,13 @@ def merged_would_run(results: dict, restart: str = "auto", awaited=()) -> list:
             lines.append(line)
     if restart == "auto":
         lines += [f"systemctl try-restart {unit}" for unit in awaited]
+    if "systemctl daemon-reexec" in lines and "systemctl daemon-reload" in lines:
+        # As the handler pass runs them: right after the one reload (handler_argvs).
+        moved = [line for line in lines if line == "systemctl daemon-reexec"]
+        moved += [line for line in lines if line.startswith("taskset ")]
+        lines = [line for line in lines if line not in moved]
+        at = lines.index("systemctl daemon-reload") + 1
+        lines[at:at] = moved
     return lines
 
 

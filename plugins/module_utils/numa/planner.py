@@ -18,6 +18,7 @@ from .allowed import allowed_text, narrowing_sources
 from .cpulist import format_cpulist
 from .errors import PlacementError, PlanError
 from .packages import crossed_nodes, crossed_warning
+from .partition import plan_partition
 from .placements import (
     GPU_SHORT_ADDRESS,
     HEADROOM_VAR,
@@ -2854,7 +2855,17 @@ def plan_host(
     daemons.extend(_mig_daemons(planner.out))
     daemons.sort(key=lambda d: (d["gpu_address"], d["pipe_dir"]))
     _daemon_details(host, daemons, planner.out, parsed, gpus_out, state, recorded_daemons)
-    return {
+    # The housekeeping partition (partition.py): from numafleet_reserved_cpus and the facts
+    # only, never from the placements' CPUs, so a placement edit leaves its files as they are.
+    partition = plan_partition(
+        host,
+        (policy or {}).get("partition"),
+        state.reserved,
+        state.online,
+        None if state.allowed_cpus is None else sorted(state.allowed_cpus),
+        planner.out,
+    )
+    out = {
         "version": PLAN_VERSION,
         "host": host,
         "reserved_cpus": sorted(state.reserved),
@@ -2877,6 +2888,9 @@ def plan_host(
         # The CPUs and memory nodes the plan stays inside (ansible_facts.numa.allowed).
         "allowed": state.allowed_out,
     }
+    if partition is not None:
+        out["partition"] = partition  # optional: absent = no partition (older plans too)
+    return out
 
 
 def placement_text(entry: dict) -> str:

@@ -19,7 +19,7 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Optional
 
-from . import files
+from . import files, partition
 from .cpulist import format_cpulist
 from .errors import UnitFileError, UnitRenderError
 
@@ -691,6 +691,10 @@ def _render_files(
             continue
         unit = check_unit_name(_get(tenant, "slice", (str,), where), ".slice", f"{where}.slice")
         add(posixpath.join(unit_dir, unit), _render_slice(tenant, where, lines), where)
+    # The housekeeping partition's drop-ins (system.slice, user.slice, init.scope) and the
+    # system.conf.d one beside unit_dir: only when the plan has a partition key.
+    for path, text in partition.render_partition(plan, lines, unit_dir).items():
+        add(path, text, "plan partition")
     return dict(sorted(files.items()))
 
 
@@ -768,6 +772,9 @@ class Actions:
     try_restart: tuple = ()
     # (unit, waits_for) of placements whose MIG instance does not exist yet: never started.
     waiting: tuple = ()
+    # The system.conf.d drop-in (partition.py) was written or removed: PID 1 reads it only
+    # when it re-executes (systemctl daemon-reexec; no unit is restarted).
+    reexec_needed: bool = False
 
     def would_run(self) -> list[str]:
         """The systemctl command lines, in the order they are to run, then one line per waiting
@@ -775,6 +782,8 @@ class Actions:
         lines = [f"systemctl disable --now {unit}" for unit in self.disable]
         if self.reload_needed:
             lines.append("systemctl daemon-reload")
+        if self.reexec_needed:
+            lines.append("systemctl daemon-reexec")
         lines.extend(f"systemctl restart {unit}" for unit in self.restart)
         lines.extend(f"systemctl try-restart {unit}" for unit in self.try_restart)
         lines.extend(f"systemctl enable --now {unit}" for unit in self.start)
@@ -828,6 +837,10 @@ _UNIT_STATE = {"create": "new", "update": "changed", "remove": "removed", "uncha
 def plan_actions(changes: list[FileChange], waiting: Optional[dict] = None, waited=()) -> Actions:
     """Units and slices by state, and the services to disable, (try-)restart and start; no I/O.
 
+    Slices and scopes (the partition's init.scope) are listed in ``slices`` and never
+    restarted: daemon-reload applies them. The partition's system.conf.d drop-in is no unit:
+    a change of it sets ``reexec_needed`` (systemctl daemon-reexec after the reload).
+
     numafleet-*.service units are restarted; units pinned by a drop-in are only try-restarted
     (restarted if running), so that a vendor service that was stopped stays stopped.
     ``waiting`` ({unit: waits_for}, waiting_units of the plan): units whose MIG instance does not
@@ -839,10 +852,14 @@ def plan_actions(changes: list[FileChange], waiting: Optional[dict] = None, wait
     units: dict = {state: [] for state in ("new", "changed", "removed", "unchanged")}
     slices: dict = {state: [] for state in ("new", "changed", "removed", "unchanged")}
     disable, restart, start, try_restart = [], [], [], []
+    reexec = False
     for change in changes:
         unit, state = unit_of(change.path), _UNIT_STATE[change.state]
-        if unit.endswith(".slice"):
-            slices[state].append(unit)
+        if partition.is_manager_file(change.path):
+            reexec = reexec or state != "unchanged"  # not a unit: PID 1's own settings
+            continue
+        if unit.endswith((".slice", ".scope")):
+            slices[state].append(unit)  # applied at daemon-reload: never restarted
             continue
         units[state].append(unit)
         if unit in waiting and state != "removed":
@@ -868,6 +885,7 @@ def plan_actions(changes: list[FileChange], waiting: Optional[dict] = None, wait
         start=tuple(sorted(start)),
         try_restart=tuple(sorted(try_restart)),
         waiting=tuple(sorted(waiting.items())),
+        reexec_needed=reexec,
     )
 
 
@@ -1050,6 +1068,8 @@ class Kept:
 def in_unit_dir(path: str, unit_dir: str) -> bool:
     """Whether ``path`` is a unit, slice or numafleet drop-in directly in ``unit_dir``."""
     parent = posixpath.dirname(path)
+    if partition.is_manager_file(path):
+        return path == partition.manager_path(unit_dir)  # the one file beside unit_dir
     if is_dropin(path):
         return posixpath.dirname(parent) == unit_dir
     return parent == unit_dir and _manifest_file_ok(path)

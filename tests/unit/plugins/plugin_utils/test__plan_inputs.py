@@ -60,7 +60,7 @@ def test_replan_inputs_read_null_as_none_and_keep_the_roots():
     replan = _plan_inputs.replan_inputs(variables, {"numa": {"nodes": []}})
     assert replan["numa"] == {"nodes": []}
     assert replan["placements"] == [] and replan["tenants"] == []
-    assert replan["policy"] == {"reserved_cpus": "", "memory_headroom_pct": 15}
+    assert replan["policy"] == {"reserved_cpus": "", "memory_headroom_pct": 15, "partition": False}
     assert (replan["sysfs_root"], replan["procfs_root"], replan["gpu_snapshot"]) == (
         "/srv/rec/sys",
         "/proc",

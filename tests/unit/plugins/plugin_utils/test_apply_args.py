@@ -564,3 +564,17 @@ def test_gpu_settings_need_this_hosts_plan():
     got = build(H, {"nvidia_gpu_settings": [{"gpu": "GPU-a"}]}, {"version": 1}, GPU_FACTS, ("gpu",))
     (problem,) = got.problems
     assert problem.startswith(f"host {H}: nvidia_gpu_plan is not this host's plan")
+def test_a_partitioned_plan_bans_every_cpu_outside_housekeeping_from_irqbalance():
+    """numafleet_partition (the plan's partition key): auto bans every online CPU but the
+    housekeeping ones, plus the isolated and nohz_full CPUs; a cpulist or leave still wins."""
+    facts = dict(
+        FACTS,
+        numa=dict(FACTS["numa"], cpus=dict(FACTS["numa"]["cpus"], online=[0, 1, 2, 3, 4, 5, 6, 7])),
+    )
+    plan = _plan(partition={"housekeeping_cpus": [0, 1], "units": ["system.slice"]})
+    kernel = build(H, {}, plan, facts, ("kernel",)).module_args["kernel"]
+    assert kernel["irqbalance_banned_cpus"] == "2-7"
+    given = build(H, {"numa_kernel_irqbalance_banned": "3"}, plan, facts, ("kernel",))
+    assert given.module_args["kernel"]["irqbalance_banned_cpus"] == "3"
+    off = build(H, {}, _plan(), facts, ("kernel",)).module_args["kernel"]
+    assert off["irqbalance_banned_cpus"] == "4-6"
