@@ -151,11 +151,22 @@ class ActionModule(ActionBase):
         """Warnings for what a person must do: a reboot owed, a GPU reset owed."""
         notes = []
         systemd = module_args.get("service_manager") == "systemd"
-        if result.get("reboot_required") and not (applied.reboot_ok and systemd):
+        hugepages = (result.get("layers") or {}).get("hugepages") or {}
+        changed = hugepages.get("cmdline_changed", result.get("reboot_required"))
+        if result.get("reboot_required") and not changed:
+            # Written by an earlier run, not booted yet: the play's reboot handler is not notified.
+            notes.append(
+                f"host {host}: reboot pending: the kernel command line numafleet wrote is not "
+                "the running one (/proc/cmdline lacks "
+                f"{' '.join(hugepages.get('kernel_args_missing') or [])}); it takes effect at "
+                "the next reboot. Reboot the host when a window allows."
+            )
+        elif result.get("reboot_required") and not (applied.reboot_ok and systemd):
             args = " ".join(result.get("kernel_args") or []) or "hugepage arguments removed"
             notes.append(
-                f"host {host}: the kernel command line changed ({args}); the boot-time "
-                "hugepages take effect at the next reboot. Reboot the host, or set "
+                f"host {host}: the kernel command line changed ({args}); it takes effect "
+                "(boot-time hugepages, kernel CPU isolation) at the next reboot. Reboot the "
+                "host, or set "
                 "numafleet_reboot_ok: true (hugepages_reboot_ok for the role) to let the "
                 "collection do it."
             )

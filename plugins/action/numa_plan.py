@@ -14,7 +14,11 @@ from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa import mps, partition, units
-from ansible_collections.numafleet.tuning.plugins.module_utils.numa.changes import change_plan
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa.changes import (
+    add_kernel_cmdline,
+    change_plan,
+)
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa.cmdline import cmdline_change
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import (
     NumaTuneError,
     PlanError,
@@ -213,6 +217,8 @@ class ActionModule(ControllerAction):
             if problems:
                 result.update(failed=True, msg=" ".join(problems), problems=problems)
                 return result
+            if changes is not None:
+                self._kernel_cmdline(host, changes, inputs, plan, facts, recorded)
         new_facts = {"numafleet_plan": plan}
         if changes is not None:
             new_facts["numafleet_changes"] = changes
@@ -223,10 +229,24 @@ class ActionModule(ControllerAction):
         # of the summary's warning count); shown as a [WARNING] line on every run.
         note = partition.no_reserved_warning(plan.get("reserved_cpus"), plan.get("placements"))
         shown = list(plan.get("warnings") or ()) + ([note] if note else [])
+        if inputs is not None:
+            shown += _apply_args.isolation_warnings(inputs, plan)
         if shown:
             # Shown as [WARNING] lines, which carry no host name of their own.
             result["warnings"] = [f"host {host}: {warning}" for warning in shown]
         return result
+
+    @staticmethod
+    def _kernel_cmdline(host, changes, inputs, plan, facts, recorded) -> None:
+        """Add the kernel command line to the change plan: what the hugepages layer wrote last
+        (numafleet_recorded.kernel_args) against what it writes now, and /proc/cmdline (facts
+        numa.kernel.cmdline) for a reboot still owed."""
+        facts = plain(facts)
+        wanted = _apply_args.kernel_cmdline_args(host, inputs, plan, facts)
+        kernel = (facts.get("numa") or {}).get("kernel") or {}
+        written = (recorded or {}).get("kernel_args")
+        running = kernel.get("cmdline") if isinstance(kernel, dict) else None
+        add_kernel_cmdline(changes, cmdline_change(written, wanted, running))
 
     def _from_host_vars(self, args: dict, variables, inputs: dict) -> dict:
         """args with every option the task left out taken from the host variables."""

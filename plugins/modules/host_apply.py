@@ -348,12 +348,23 @@ would_run:
   elements: str
   sample: [systemctl daemon-reload, systemctl enable --now numafleet-embed.service]
 reboot_required:
-  description: Whether the kernel command line changed (hugepages layer); the module does not reboot.
+  description:
+    - Whether a reboot is owed for the kernel command line (hugepages layer) - it changed in this
+      run, or RV(reboot_pending); the module does not reboot.
+  returned: always
+  type: bool
+  sample: false
+reboot_pending:
+  description:
+    - Whether the kernel command line written by an earlier run is not yet the running one
+      (C(/proc/cmdline) lacks some of RV(kernel_args)), so the host has not rebooted since.
   returned: always
   type: bool
   sample: false
 kernel_args:
-  description: The hugepage arguments of the kernel command line (hugepages layer), or V([]).
+  description:
+    - The arguments numafleet puts on the kernel command line (hugepages layer - boot-reserved
+      hugepages, then the kernel CPU isolation of C(numafleet_kernel_isolation)), or V([]).
   returned: always
   type: list
   elements: str
@@ -523,6 +534,7 @@ def main() -> None:
         if render
         else [],
         reboot_required=bool(hugepages.get("reboot_required")),
+        reboot_pending=bool(hugepages.get("reboot_pending")),
         kernel_args=list(hugepages.get("kernel_args") or []),
         reset_required=bool(mig.get("reset_required")),
         mig_devices=list(mig.get("mig_devices") or []),

@@ -478,6 +478,21 @@ ansible_facts:
               description: V(/proc/sys/kernel/osrelease) or V(/proc/version) (as on the host), V(null) with no release.
               type: str
               sample: /proc/sys/kernel/osrelease
+            cmdline:
+              description:
+                - The running kernel's command line, C(<procfs_root>/cmdline), V(null) when absent
+                  (recordings usually lack it). The change plan and the hugepages layer compare
+                  it with the arguments numafleet wrote (the reboot contract).
+              type: str
+              sample: BOOT_IMAGE=/vmlinuz-6.1.0-18-amd64 root=/dev/vda1 ro nohz_full=2-7
+            nohz_full_supported:
+              description:
+                - Whether C(<sysfs_root>/devices/system/cpu/nohz_full) exists, which the kernel
+                  creates only when built with C(CONFIG_NO_HZ_FULL); V(null) when the CPU
+                  directory itself is absent. C(numafleet_kernel_isolation=nohz_full) is refused
+                  when V(false).
+              type: bool
+              sample: true
         consistency:
           description: Findings about the machine itself (not about files).
           type: list
@@ -776,6 +791,14 @@ ansible_facts:
           type: list
           elements: str
           sample: []
+        kernel_args:
+          description:
+            - The kernel command line arguments the hugepages layer wrote last (its state file
+              C(/etc/numafleet/hugepages.json)); V([]) without that file, V(null) when it cannot
+              be read.
+          type: list
+          elements: str
+          sample: [hugepagesz=1G, "hugepages=0:4,1:4", nohz_full=2-7]
 """
 
 import sys

@@ -101,6 +101,17 @@ options:
     type: str
     choices: [auto, grub_d, grubby, none]
     default: auto
+  kernel_args:
+    description:
+      - More kernel command line arguments written with those of O(boot_reserve_sizes_kb), after
+        them, through the same O(bootloader) file or C(grubby) call, for example the kernel CPU
+        isolation of the host variable C(numafleet_kernel_isolation)
+        (V([nohz_full=2-7, rcu_nocbs=2-7, irqaffinity=0-1])).
+      - Each entry is one argument (C(name) or C(name=value)) without spaces or quotes. An empty
+        list removes the ones an earlier run wrote, and only those.
+    type: list
+    elements: str
+    default: []
   mounts:
     description:
       - hugetlbfs mounts, one per mount point, each of one page size, so that the pages of a
@@ -157,8 +168,9 @@ notes:
     (C(vm.nr_hugepages), C(hugepages=) without a node) are overridden per node.
   - With O(bootloader=grubby), only one page size can be reserved at boot (grubby keeps one value
     per argument name).
-  - RV(reboot_required) is true in the run that changes the command line; a later run does not
-    repeat it.
+  - RV(reboot_required) is true in the run that changes the command line, and in every later run
+    while C(<procfs_root>/cmdline) lacks one of RV(kernel_args) (the host has not rebooted since;
+    RV(reboot_pending)). Without that file (a recording) only the run that changes it says so.
   - A mount unit file at the path of a wanted mount that an earlier run did not write and that lacks
     the numafleet header is never overwritten; the module fails instead.
   - A changed mount unit is restarted (unmounted and mounted again), which fails while a process has
@@ -303,12 +315,53 @@ reload_needed:
   type: bool
   sample: true
 reboot_required:
-  description: Whether the kernel command line of the boot-reserved sizes changed in this run.
+  description:
+    - Whether a reboot is owed for the kernel command line, RV(cmdline_changed) or
+      RV(reboot_pending).
   returned: always
   type: bool
   sample: false
+cmdline_changed:
+  description: Whether this run changes the kernel command line (file or C(grubby) arguments).
+  returned: always
+  type: bool
+  sample: false
+reboot_pending:
+  description:
+    - Whether RV(kernel_args) are not all on the running kernel's command line
+      (C(<procfs_root>/cmdline)), so the host has not rebooted since they were written. False when
+      that file is absent.
+  returned: always
+  type: bool
+  sample: false
+kernel_args_missing:
+  description: The entries of RV(kernel_args) that C(<procfs_root>/cmdline) lacks ([] when it is absent).
+  returned: always
+  type: list
+  elements: str
+  sample: [nohz_full=2-7]
+cpu_isolation:
+  description:
+    - What the running kernel isolates, for verify's C(kernel_isolation) check.
+  returned: when O(kernel_args) is not empty
+  type: dict
+  contains:
+    isolated:
+      description: CPUs of C(<sysfs_root>/devices/system/cpu/isolated), V(null) when absent.
+      type: list
+      elements: int
+    nohz_full:
+      description: CPUs of C(<sysfs_root>/devices/system/cpu/nohz_full), V(null) when absent.
+      type: list
+      elements: int
+    cmdline_known:
+      description: Whether C(<procfs_root>/cmdline) exists.
+      type: bool
+  sample: {isolated: [], nohz_full: [2, 3, 4, 5, 6, 7], cmdline_known: true}
 kernel_args:
-  description: The kernel command line arguments that reserve the boot-reserved sizes per node.
+  description:
+    - The kernel command line arguments that reserve the boot-reserved sizes per node, then
+      O(kernel_args).
   returned: always
   type: list
   elements: str

@@ -589,6 +589,28 @@ ansible_facts:
           type: list
           elements: str
           sample: []
+        kernel_cmdline:
+          description:
+            - Under a playbook (O(playbook)) only. The kernel command line the hugepages layer
+              writes (boot-time hugepages, then the kernel CPU isolation of
+              C(numafleet_kernel_isolation)) against what it wrote last
+              (C(ansible_facts.numafleet_recorded.kernel_args)) and the running one
+              (C(ansible_facts.numa.kernel.cmdline), from C(/proc/cmdline)).
+            - C(before), C(after), C(added), C(removed) (argument lists), C(changed), C(missing)
+              (the C(after) arguments C(/proc/cmdline) lacks, V(null) when unknown) and
+              C(reboot_required) (changed, or a reboot still pending). A change adds a
+              C(kernel command line) line to RV(changes) and C(kernel command line to change
+              (reboot)) or C(reboot pending) to the summary.
+          type: dict
+          returned: with O(playbook)
+          sample:
+            before: []
+            after: [nohz_full=2-7, rcu_nocbs=2-7, irqaffinity=0-1]
+            added: [nohz_full=2-7, rcu_nocbs=2-7, irqaffinity=0-1]
+            removed: []
+            changed: true
+            missing: null
+            reboot_required: true
         lines:
           description: RV(changes).
           type: list

@@ -26,7 +26,9 @@ from typing import Any, NamedTuple
 
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa import gpu_settings
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa import partition
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import cmdline
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.cpulist import format_cpulist
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import NumaTuneError
 from ansible_collections.numafleet.tuning.plugins.plugin_utils import _module_inputs
 from ansible_collections.numafleet.tuning.plugins.plugin_utils._host_vars import (
     BY_NAME,
@@ -45,6 +47,7 @@ ROLE_DEFAULTS: dict = {
     "hugepages_mounts": [],
     "hugepages_bootloader": "auto",
     "hugepages_reboot_ok": False,
+    "hugepages_kernel_isolation": "none",
     "hugepages_sysfs_root": "/sys",
     "hugepages_procfs_root": "/proc",
     "numa_kernel_numa_balancing": "auto",
@@ -269,6 +272,9 @@ def _hugepages(host, inp, plan, facts, out):
         "bootloader": bootloader,
         "mounts": [_mount(item) for item in mount_list if isinstance(item, Mapping)],
     }
+    isolation = _isolation(host, inp, plan, facts, errors)
+    if isolation:
+        args["kernel_args"] = isolation
     out["hugepages"] = args
     if errors:
         return errors
@@ -286,7 +292,60 @@ def _hugepages(host, inp, plan, facts, out):
         "mounts": args["mounts"],
         "root": _root(render_root),
     }
+    if isolation:
+        checked["kernel_args"] = isolation
     return _module_inputs.problems("numa_hugepages", checked, host, _get(facts, "numa", None))
+
+
+def kernel_cmdline_args(host: str, inputs: Mapping, plan, facts: Mapping) -> list:
+    """The kernel arguments the hugepages layer of ``host`` writes with these inputs: the
+    boot-reserved pages' (hugepages.kernel_args of the plan's pools), then the kernel isolation's;
+    [] when the inputs are refused (build() reports why). Never raises."""
+    from ansible_collections.numafleet.tuning.plugins.module_utils.numa import hugepages
+
+    applied = build(host, inputs, plan, facts, ("hugepages",))
+    if applied.problems:
+        return []
+    params = applied.module_args.get("hugepages") or {}
+    pools = [
+        {"node": node.get("id"), "size_kb": pool.get("size_kb"), "count": pool.get("count")}
+        for node in _get(plan, "nodes", [])
+        if isinstance(node, Mapping)
+        for pool in (node.get("hugepages") or [])
+        if isinstance(pool, Mapping)
+    ]
+    try:
+        args = hugepages.kernel_args(
+            hugepages.parse_pools(pools),
+            hugepages.parse_sizes(list(params.get("boot_reserve_sizes_kb") or []), "boot"),
+        )
+    except NumaTuneError:
+        args = []
+    return args + list(params.get("kernel_args") or [])
+
+
+def isolation_warnings(inputs: Mapping, plan) -> list:
+    """cmdline.placement_warnings of hugepages_kernel_isolation for the plan's placements."""
+    mode = inputs.get("hugepages_kernel_isolation") if isinstance(inputs, Mapping) else None
+    return cmdline.placement_warnings(mode, _get(plan, "placements", []))
+
+
+def _isolation(host, inp, plan, facts, errors) -> list:
+    """The kernel arguments of hugepages_kernel_isolation for the host (cmdline.plan_isolation
+    on the facts' numa and the plan's reserved_cpus), [] for none; a refusal goes to errors."""
+    mode = inp["hugepages_kernel_isolation"]
+    if mode in (None, "none"):
+        return []
+    try:
+        return cmdline.plan_isolation(
+            mode,
+            _get(facts, "numa", None),
+            _get(plan, "reserved_cpus", None),
+            "hugepages_kernel_isolation",
+        )["kernel_args"]
+    except NumaTuneError as exc:
+        errors.append(f"host {host}: {exc}.")
+        return []
 
 
 def _posint(value) -> bool:

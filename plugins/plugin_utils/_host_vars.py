@@ -659,6 +659,20 @@ HOST_VARS = (
         choices=("auto", "grub_d", "grubby", "none"),
     ),
     HostVar(
+        "numafleet_kernel_isolation",
+        "str",
+        "none",
+        "Kernel CPU isolation on the kernel command line (opt-in; a change needs a reboot): "
+        "nohz_full (nohz_full= and rcu_nocbs= of the isolated CPUs) or isolcpus "
+        "(isolcpus=managed_irq,domain, Linux 5.6 or newer), each with irqaffinity= of the "
+        "housekeeping CPUs. Isolated = the online CPUs services may use minus "
+        "numafleet_reserved_cpus (which must not be empty), so placement edits never change "
+        "it. Written with the boot-time hugepages through numafleet_hugepages_bootloader.",
+        (SITE, DRIFT),
+        role_inputs=("hugepages_kernel_isolation",),
+        choices=("none", "nohz_full", "isolcpus"),
+    ),
+    HostVar(
         "numafleet_hugepages_mounts",
         "list",
         [],

@@ -22,6 +22,7 @@ import re
 from collections.abc import Callable
 
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa import (
+    cmdline,
     gpu_settings,
     hugepages,
     kernel,
@@ -45,6 +46,7 @@ NAMES = {
         "bootloader": ("hugepages_bootloader", "numafleet_hugepages_bootloader"),
         "mounts": ("hugepages_mounts", "numafleet_hugepages_mounts"),
         "root": ("hugepages_render_root", "numafleet_render_root"),
+        "kernel_args": ("hugepages_kernel_isolation", "numafleet_kernel_isolation"),
     },
     "numa_kernel": {
         "numa_balancing": ("numa_kernel_numa_balancing", "numafleet_numa_balancing"),
@@ -176,8 +178,10 @@ def _hugepages_checks(args: dict, offered_kb, numa_facts=None) -> list:
                 args.get("root", "/"),
                 _role_input("numa_hugepages", "bootloader"),
                 _role_input("numa_hugepages", "boot_reserve_sizes_kb"),
+                list(args.get("kernel_args") or []),
             ),
         ),
+        ("kernel_args", lambda: cmdline.check_args(args.get("kernel_args") or [])),
     ]
 
 

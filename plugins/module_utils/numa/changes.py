@@ -511,4 +511,34 @@ def change_lines(changes: dict) -> list:
     return lines
 
 
-__all__ = ["change_lines", "change_plan", "change_summary", "dependents", "file_changes"]
+def add_kernel_cmdline(changes: dict, change: dict) -> dict:
+    """``changes`` (change_plan's result) with the kernel command line part ``change``
+    (cmdline.cmdline_change) added as ``kernel_cmdline``: its lines appended, ``changed`` and the
+    summary updated. Returns ``changes``."""
+    from .cmdline import change_lines as cmdline_lines
+
+    changes["kernel_cmdline"] = change
+    changes["lines"] += cmdline_lines(change)
+    if change["changed"]:
+        changes["changed"] = True
+        note = "kernel command line to change (reboot)"
+    elif change["missing"]:
+        note = "reboot pending"
+    else:
+        return changes
+    summary = changes["summary"]
+    if summary == "no change":
+        changes["summary"] = f"changes: {note}" if change["changed"] else f"no change; {note}"
+    else:
+        changes["summary"] = f"{summary}; {note}"
+    return changes
+
+
+__all__ = [
+    "add_kernel_cmdline",
+    "change_lines",
+    "change_plan",
+    "change_summary",
+    "dependents",
+    "file_changes",
+]

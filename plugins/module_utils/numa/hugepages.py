@@ -20,7 +20,7 @@ import stat
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from . import files
+from . import cmdline, files
 from .errors import NumaTuneError, UnitRenderError
 from .osrelease import read_osrelease, release_tuple
 from .sysfs import Reader
@@ -853,6 +853,7 @@ def check_render_bootloader(
     root: str,
     name: str = "bootloader",
     sizes_name: str = "boot_reserve_sizes_kb",
+    extra_args=(),
 ) -> None:
     """None unless ``pools`` put pages of a ``boot_sizes`` size on the kernel command line,
     ``choice`` is ``auto`` and ``root`` is a render root (not ``/``) below which
@@ -860,11 +861,13 @@ def check_render_bootloader(
     ``sizes_name`` (the options or variables the user set): a recording (playbooks/capture_topology.yml) keeps no bootloader files, so
     render mode needs the bootloader said, and the module would refuse it only after the gate.
     Reads only whether GRUBBY_PATHS / GRUB_MARKERS exist below ``root`` (on the controller).
+    ``extra_args``: the other kernel arguments written with the pages' (kernel CPU isolation).
     """
     try:
         args = kernel_args(parse_pools(pools), parse_sizes(list(boot_sizes), "boot"))
     except (HugepageError, TypeError):  # refused by the checks of those options themselves
-        return
+        args = []
+    args = args + [arg for arg in extra_args if isinstance(arg, str)]
     if not args or choice != "auto" or not isinstance(root, str) or root.rstrip("/") == "":
         return
     try:
@@ -877,7 +880,7 @@ def check_render_bootloader(
             f"{' '.join(args)} on the kernel command line. Set {name} to grub_d (Debian, "
             "Ubuntu: /etc/default/grub.d/ and update-grub), grubby (RHEL) or none (only report "
             f"the arguments), or remove the size from {sizes_name} to reserve the pages "
-            "at runtime"
+            f"at runtime{' (and turn the kernel CPU isolation off)' if extra_args else ''}"
         ) from None
 
 
@@ -1021,11 +1024,17 @@ def render_unit() -> str:
     )
 
 
-def render_grub(args: list) -> str:
-    """The /etc/default/grub.d drop-in that appends ``args`` to GRUB_CMDLINE_LINUX."""
+def render_grub(args: list, extra: bool = False) -> str:
+    """The /etc/default/grub.d drop-in that appends ``args`` to GRUB_CMDLINE_LINUX; ``extra``:
+    the args hold more than hugepages (kernel CPU isolation), said in the comment."""
+    what = (
+        "numafleet's kernel command line (hugepages, CPU isolation)"
+        if extra
+        else "Per-node hugepages reserved at boot"
+    )
     return (
         f"{HEADER}\n"
-        "# Per-node hugepages reserved at boot: update-grub applies it, the next boot uses it.\n"
+        f"# {what}: update-grub applies it, the next boot uses it.\n"
         f'GRUB_CMDLINE_LINUX="$GRUB_CMDLINE_LINUX {" ".join(args)}"\n'
     )
 
@@ -1116,6 +1125,23 @@ class HugepagePlan:
     service_manager: str
     mounts: tuple = ()  # Mount, sorted by path
     mount_units: tuple = ()  # (unit name, create|update|remove|unchanged), sorted by name
+    # Arguments of kernel_args not on the running command line (<procfs_root>/cmdline); None
+    # when that file is absent (a recording): the reboot is then owed only in the run that
+    # changes the command line.
+    args_missing: Optional[tuple] = None
+    # With kernel isolation arguments: the running kernel's isolation, for verify (cmdline.py
+    # read_running_isolation); None without them.
+    cpu_isolation: Optional[dict] = None
+
+    @property
+    def reboot_pending(self) -> bool:
+        """Whether the written arguments are not all on the running kernel's command line."""
+        return bool(self.args_missing)
+
+    @property
+    def reboot_required(self) -> bool:
+        """This run changes the command line, or an earlier run's change awaits a reboot."""
+        return self.cmdline_changed or self.reboot_pending
 
     def _mount_units(self, state: str) -> list:
         return [unit for unit, how in self.mount_units if how == state]
@@ -1219,7 +1245,14 @@ class HugepagePlan:
         for pool in self.pools:
             if pool.before == pool.desired:
                 continue
-            if pool.boot:
+            pending = pool.boot and not self.cmdline_changed and self.reboot_pending
+            if pending:
+                reason = (
+                    "reboot pending: the kernel command line written has it, the running kernel "
+                    "was booted without it (/proc/cmdline); the pool takes the planned total at "
+                    "the next reboot"
+                )
+            elif pool.boot:
                 reason = (
                     "reserved at boot: the kernel command line "
                     f"{'is updated by this run' if self.cmdline_changed else 'has it'}; the pool "
@@ -1238,7 +1271,7 @@ class HugepagePlan:
                     "planned": pool.desired,
                     "actual": pool.before,
                     "reason": reason,
-                    "pending": False,
+                    "pending": pending,
                 }
             )
         return out
@@ -1274,7 +1307,7 @@ class HugepagePlan:
             warnings=list(self.warnings),
             files=[{"path": c.path, "state": c.state} for c in self.files],
             reload_needed=self.reload_needed,
-            reboot_required=self.cmdline_changed,
+            reboot_required=self.reboot_required,
             kernel_args=list(self.kernel_args),
             kernel_args_removed=list(self.kernel_args_removed) if self.cmdline_changed else [],
             bootloader=self.bootloader,
@@ -1298,7 +1331,12 @@ class HugepagePlan:
             handler_mount_restart=self.mount_restart if handlers else [],
             handler_mount_stop=self.mount_stop if handlers else [],
             drift=self.drift(),
+            cmdline_changed=self.cmdline_changed,
+            reboot_pending=self.reboot_pending,
+            kernel_args_missing=list(self.args_missing or ()),
         )
+        if self.cpu_isolation is not None:
+            result["cpu_isolation"] = dict(self.cpu_isolation)
         if diff:
             result["diff"] = self.diff() + self._drift_diff()
         return result
@@ -1329,9 +1367,17 @@ def plan_hugepages(
     boot_reserve_sizes_kb=(),
     bootloader: str = "auto",
     mounts=(),
+    extra_kernel_args=(),
 ) -> HugepagePlan:
-    """The whole change of one run, computed before anything is written; raises HugepageError."""
+    """The whole change of one run, computed before anything is written; raises HugepageError.
+
+    ``extra_kernel_args``: more kernel arguments (kernel CPU isolation, cmdline.py) written with
+    the boot-reserved pages' ones, after them, through the same bootloader file or call."""
     desired = parse_pools(pools)
+    try:
+        extra = cmdline.check_args(extra_kernel_args)
+    except cmdline.CmdlineError as exc:
+        raise HugepageError(str(exc)) from None
     boot_sizes = parse_sizes(list(boot_reserve_sizes_kb), "boot_reserve_sizes_kb")
     if service_manager not in ("systemd", "none"):
         raise HugepageError(f"service_manager: {service_manager!r} is not systemd or none")
@@ -1347,6 +1393,7 @@ def plan_hugepages(
     args = kernel_args({(c.node, c.size_kb): c.desired for c in changes if c.boot}, boot_sizes)
     if args:
         check_kernel(read_kernel_release(procfs_root), args)
+    page_args, args = args, args + extra
     if args:
         loader = resolve_bootloader(bootloader, root)
     elif previous.kernel_args:  # the arguments of the last run are to be removed
@@ -1355,7 +1402,7 @@ def plan_hugepages(
         )
     else:
         loader = bootloader if bootloader in BOOTLOADERS else "none"
-    if loader == "grubby" and len([a for a in args if a.startswith("hugepagesz=")]) > 1:
+    if loader == "grubby" and len([a for a in page_args if a.startswith("hugepagesz=")]) > 1:
         raise HugepageError(
             "boot_reserve_sizes_kb: grubby keeps one value per kernel argument name, so only one "
             f"page size can be reserved at boot through it ({' '.join(args)}); reserve one size "
@@ -1391,7 +1438,7 @@ def plan_hugepages(
         ):
             change = _file_change(root, path, text, file_mode(path))
             files.append(change)
-    grub_text = render_grub(args) if args and loader == "grub_d" else None
+    grub_text = render_grub(args, bool(extra)) if args and loader == "grub_d" else None
     grub_change = _file_change(root, GRUB_PATH, grub_text, FILE_MODE)
     if grub_change is not None:
         files.append(grub_change)
@@ -1411,7 +1458,22 @@ def plan_hugepages(
         service_manager=service_manager,
         mounts=wanted_mounts,
         mount_units=tuple(sorted((unit, change.state) for unit, change in mount_units)),
+        args_missing=_args_missing(procfs_root, args),
+        cpu_isolation=cmdline.read_running_isolation(sysfs_root, procfs_root) if extra else None,
     )
+
+
+def _args_missing(procfs_root: str, args: list) -> Optional[tuple]:
+    """The ``args`` not on <procfs_root>/cmdline, or None when that file is absent/unreadable."""
+    if not args:
+        return ()
+    try:
+        with open(os.path.join(procfs_root, "cmdline"), encoding="utf-8", errors="replace") as fh:
+            text = fh.read()
+    except OSError:
+        return None
+    missing = cmdline.missing_args(args, text.replace("\x00", " "))
+    return None if missing is None else tuple(missing)
 
 
 def _mount_changes(root: str, wanted: tuple, previous: tuple, warnings: list) -> list:

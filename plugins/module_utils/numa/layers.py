@@ -89,6 +89,7 @@ SPECS = {
         service_manager=_SYSTEMD,
         boot_reserve_sizes_kb=dict(type="list", elements="int", default=[]),
         bootloader=dict(type="str", choices=["auto", "grub_d", "grubby", "none"], default="auto"),
+        kernel_args=dict(type="list", elements="str", default=[]),
         mounts=dict(
             type="list",
             elements="dict",
@@ -268,6 +269,7 @@ def _hugepages(params: dict, host, ran: list) -> dict:
         boot_reserve_sizes_kb=params["boot_reserve_sizes_kb"],
         bootloader=params["bootloader"],
         mounts=params["mounts"],
+        extra_kernel_args=params.get("kernel_args") or (),
     )
     if not host.check_mode:
         hugepages.apply_hugepages(plan)
@@ -751,7 +753,7 @@ def handler_argvs(results: dict, restart: str = "auto", awaited=()) -> list:
     argvs += [
         ["systemctl", "enable", "--now", unit] for unit in hp.get("handler_mount_start") or ()
     ]
-    if hp.get("reboot_required") and hp.get("bootloader") == "grub_d":
+    if hp.get("cmdline_changed", hp.get("reboot_required")) and hp.get("bootloader") == "grub_d":
         argvs.append(["update-grub"])
     argvs += [list(argv) for argv in hp.get("grubby_argvs") or ()]
     unit = _changed_mig_unit(mig)

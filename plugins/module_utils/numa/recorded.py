@@ -122,7 +122,9 @@ def read_recorded(root: str, plan_path: str = PLAN_PATH, manifest_paths=MANIFEST
     A malformed (or linked) manifest is named in manifest_errors (the apply modules refuse it
     with the fix); its files are then unknown. A listed file the apply modules would not remove
     as theirs (outside /etc/systemd/system, a link, content changed since it was written:
-    units.removable) has "kept" as its digest and a message in kept.
+    units.removable) has "kept" as its digest and a message in kept. "kernel_args": the kernel
+    command line arguments of the hugepages layer's state file (/etc/numafleet/hugepages.json;
+    [] when absent, None when unusable), which the change plan compares with the wanted ones.
     """
     try:
         # A linked directory on the way (``/etc/numafleet`` a link): never read through it.
@@ -168,4 +170,17 @@ def read_recorded(root: str, plan_path: str = PLAN_PATH, manifest_paths=MANIFEST
         "files": dict(sorted(found_files.items())),
         "manifest_errors": errors,
         "kept": kept,
+        "kernel_args": _kernel_args(root),
     }
+
+
+def _kernel_args(root: str) -> Optional[list]:
+    """The kernel_args the hugepages layer wrote last (its state file, hugepages.STATE_PATH),
+    [] when there is none, None when it cannot be read (a link, malformed)."""
+    from .hugepages import read_state  # only here: the rest of this file needs none of it
+
+    try:
+        state, dummy = read_state(root)
+    except NumaTuneError:
+        return None
+    return [] if state is None else list(state.kernel_args)

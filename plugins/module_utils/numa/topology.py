@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Optional
 
-from . import osrelease, packages
+from . import cmdline, osrelease, packages
 from .cpulist import format_cpulist, parse_cpulist, parse_cpumask
 from .memnodes import drop_cpu_gpu_owners, memory_kinds, node_memory_fields
 from .sysfs import Reader
@@ -511,6 +511,7 @@ def _kernel_knobs(reader: Reader) -> dict:
         "thp_enabled": reader.parsed(f"{thp}/enabled", parse_selected, optional=True),
         "thp_defrag": reader.parsed(f"{thp}/defrag", parse_selected, optional=True),
         **osrelease.kernel_facts(reader),
+        **cmdline.read_cmdline_facts(reader),
     }
 
 

@@ -1401,6 +1401,13 @@ def _check_pools(out: _Checks, result: Optional[dict]) -> None:
             )  # fmt: skip
             continue
         entry = reasons.get(f"{subject} pages") or {}
+        if entry.get("pending"):  # reserved on a command line the host has not booted yet
+            out.add(
+                "hugepage_pools", subject, "warn", actual, planned, "pages",
+                f"nr_hugepages is {actual}, the plan has {planned}{_drift_reason(entry)}",
+                "reboot pending",
+            )  # fmt: skip
+            continue
         out.add(
             "hugepage_pools", subject, "fail", actual, planned, "pages",
             f"nr_hugepages is {actual}, the plan has {planned}{_drift_reason(entry)}; run "
@@ -1562,4 +1569,56 @@ def layer_checks(host: str, layer_states, render_mode: bool = False) -> list[Che
     _check_mig(out, _layer(states, "mig"))
     _check_mps(out, _layer(states, "mps"), render_mode)
     _check_settings(out, _layer(states, "kernel"), "irq_affinity", irq=True)
+    _check_isolation(out, _layer(states, "hugepages"))
     return out.out
+
+
+# Where the running kernel shows each planned set (Documentation/ABI/testing/sysfs-devices-system-cpu).
+_ISOLATION_FILES = {
+    "isolated": "/sys/devices/system/cpu/isolated",
+    "nohz_full": "/sys/devices/system/cpu/nohz_full",
+}
+
+
+def _check_isolation(out: _Checks, result: Optional[dict]) -> None:
+    """``kernel_isolation``, only when the hugepages layer writes kernel CPU isolation (its
+    ``cpu_isolation`` result): per planned set (isolcpus= -> isolated, nohz_full=), the running
+    kernel's sysfs file against the plan; warn while the reboot is pending (/proc/cmdline lacks
+    the arguments), skipped when /proc/cmdline is unknown (a recording)."""
+    from .cmdline import planned_isolation
+
+    running = (result or {}).get("cpu_isolation")
+    if not isinstance(running, dict):
+        return
+    planned = planned_isolation(result.get("kernel_args") or [])
+    missing = [a for a in result.get("kernel_args_missing") or () if isinstance(a, str)]
+    for key in sorted(planned):
+        want, got, path = planned[key], running.get(key), _ISOLATION_FILES[key]
+        want_text, got_text = format_cpulist(want), None if got is None else format_cpulist(got)
+        if not running.get("cmdline_known"):
+            out.skip(
+                "kernel_isolation", key,
+                "the running kernel command line is unknown (no /proc/cmdline: a recording)",
+                want_text,
+            )  # fmt: skip
+        elif missing:
+            out.add(
+                "kernel_isolation", key, "warn", got_text, want_text, "cpus",
+                f"pending reboot: /proc/cmdline lacks {' '.join(missing)}; {path} takes the "
+                "planned CPUs at the next boot",
+                "reboot pending",
+            )  # fmt: skip
+        elif got == want:
+            out.add(
+                "kernel_isolation", key, "pass", got_text, want_text, "cpus",
+                f"{path} matches the plan",
+            )  # fmt: skip
+        else:
+            out.add(
+                "kernel_isolation", key, "fail", got_text, want_text, "cpus",
+                f"{path} is {got_text!r}, the plan has {want_text!r} (numafleet_kernel_isolation), "
+                "although the host booted with the arguments: another isolation setting (a "
+                "second isolcpus=/nohz_full= on the command line, a kernel without "
+                "CONFIG_NO_HZ_FULL) wins; check /proc/cmdline",
+                f"{got_text!r} != {want_text!r}",
+            )  # fmt: skip

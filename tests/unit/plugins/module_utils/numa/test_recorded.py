@@ -41,7 +41,19 @@ def test_nothing_recorded(tmp_path):
         "files": {},
         "manifest_errors": [],
         "kept": [],
+        "kernel_args": [],
     }
+
+
+def test_the_kernel_args_the_hugepages_layer_wrote_last(tmp_path):
+    put(
+        tmp_path,
+        "/etc/numafleet/hugepages.json",
+        json.dumps({"version": 1, "kernel_args": ["nohz_full=2-7"]}),
+    )
+    assert read_recorded(str(tmp_path))["kernel_args"] == ["nohz_full=2-7"]
+    put(tmp_path, "/etc/numafleet/hugepages.json", "{not json")
+    assert read_recorded(str(tmp_path))["kernel_args"] is None
 
 
 def test_plan_and_manifest_digests(tmp_path):
