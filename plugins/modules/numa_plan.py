@@ -94,8 +94,9 @@ options:
     description:
       - The placements to plan, a list of dicts with the keys C(name), C(tenant), C(exec) or
         C(unit), C(user), C(group), C(description), C(gpus), C(cpus), C(node), C(near),
-        C(memory), C(hugepages), C(environment), C(mig_profile), C(mps), C(allow_span) and
-        C(hardening); see the collection README for each key.
+        C(memory), C(hugepages), C(environment), C(mig_profile), C(mps), C(allow_span),
+        C(hardening), C(memory_limit), C(cpu_weight), C(io_weight) and C(tasks_max); see the
+        collection README for each key.
       - Usually the host variable C(numafleet_placements), which the planner's messages name.
         V(null) means none.
     type: raw
@@ -367,6 +368,8 @@ summary:
       change plan counts it as V(waiting for a MIG instance), not as started."
     - "A plan narrowed to the allowed cpuset (C(ansible_facts.numa.allowed)) shows, after the
       warnings, V(; allowed CPUs <cpulist> and memory nodes <list>)."
+    - "A placement with C(exec) and no C(user) shows V(as root) after where it runs (systemd runs
+      a unit without C(User=) as root); the plan also warns about it."
   returned: success
   type: str
   sample: "gpu-a100-01: 2 placements: llm-70b node1 cpus 32-39,96-103 gpus b1:00.0,ca:00.0; embed node0 cpus 2-3,66-67 gpus 17:00.0 (MIG 1g.10gb); 0 warnings"
@@ -418,6 +421,10 @@ ansible_facts:
               C(memory_kb), C(hugepages), C(gpus), C(cuda_visible_devices), C(mps),
               C(environment), C(waits_for), C(hardening), C(request) (what it asks for in
               resources, compared with the recorded plan's) and C(warnings).
+            - C(limits), only on a placement with resource limits, holds the values written
+              into its unit, each only when set - C(memory_max_bytes) (C(MemoryMax=)),
+              C(memory_high_bytes) (C(MemoryHigh=)), C(cpu_weight), C(io_weight) (ints) and
+              C(tasks_max) (a string - a count, V(25%) or V(infinity)).
             - C(near) is the PCI device the placement is anchored on (C(address), C(kind),
               C(node)), or V(null) without C(near).
             - C(waits_for) is V(null), or, for a placement whose MIG instance does not exist yet,
@@ -571,7 +578,10 @@ ansible_facts:
               for and why; written, not started, not in C(start)), C(reload) and
               C(restart_reasons) (MPS daemon unit -> why it restarts when its CPUs or memory
               nodes change; it starts with V(its CPUs change) and names the old and new CPUs, those
-              that left the allowed cpuset and its source; the change plan prints it as a C(why) line). A unit
+              that left the allowed cpuset and its source; and placement unit -> a text starting with
+              V(its limits change) that names each changed limit, old -> new, when its resource
+              limits change; the
+              change plan prints it as a C(why) line). A unit
               that waited in the recorded plan and waits no more is in C(start), not C(restart).
           type: dict
           sample: {start: [], stop: [], restart: [numafleet-rerank-b.service], restart_through: {}}

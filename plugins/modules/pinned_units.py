@@ -25,6 +25,12 @@ description:
     (role C(numafleet.tuning.nvidia_mig)). A drop-in first assigns the empty
     value to C(CPUAffinity=), C(NUMAMask=), C(AllowedCPUs=) and C(AllowedMemoryNodes=), which
     systemd would otherwise merge with the vendor unit's own values.
+  - "A placement's resource limits (plan key C(limits), from its C(memory_limit), C(cpu_weight),
+    C(io_weight) and C(tasks_max)) follow C(LimitMEMLOCK=) in its service or drop-in:
+    C(MemoryMax=) or C(MemoryHigh=) (its memory budget in bytes), C(CPUWeight=), C(IOWeight=) and
+    C(TasksMax=). A drop-in's value replaces the vendor unit's (the last assignment wins).
+    Changing a limit rewrites that placement's file only, and the unit is restarted like for any
+    change of its file."
   - Tenant slices set C(AllowedCPUs=) and C(AllowedMemoryNodes=) to the union of their
     placements, and C(MemoryMax=) when the tenant has a memory limit.
   - A plan with a C(partition) key (host variable C(numafleet_partition)) also gets the
@@ -456,7 +462,8 @@ effective:
         - Every setting numafleet's files assign in C([Unit]) and the type section (C([Service]),
           C([Slice])) - C(CPUAffinity), C(NUMAPolicy), C(NUMAMask), C(AllowedCPUs),
           C(AllowedMemoryNodes), C(Slice), C(MemoryMax) of a tenant slice, C(ExecStart), C(User),
-          C(LimitMEMLOCK), the hardening settings, C(Description), C(After)/C(Requires), and
+          C(LimitMEMLOCK), the resource limits (C(MemoryMax), C(MemoryHigh), C(CPUWeight),
+          C(IOWeight), C(TasksMax)), the hardening settings, C(Description), C(After)/C(Requires), and
           C(Environment.NAME) per variable the plan sets - -> C(planned), C(effective), C(source)
           (the file that set the effective value), C(ok) and C(detail) (how that file sets it -
           C(EnvironmentFile=PATH), C(UnsetEnvironment=VAR), C(link to PATH)).

@@ -187,7 +187,8 @@ PLACEMENT_KEYS = (
         None,
         "exec only: the account the service runs as (User=). Without user, no User= line is "
         "written, so systemd runs the service as root (sandboxed by hardening, on by default), "
-        "and so does the MPS daemon of an MPS client without user.",
+        "and so does the MPS daemon of an MPS client without user; the plan summary then says "
+        "'as root' and the plan warns.",
         default_text="none (root)",
     ),
     Key(
@@ -247,8 +248,8 @@ PLACEMENT_KEYS = (
         "raw",
         0,
         "Host memory the service needs, charged to its node's budget (memory minus "
-        "numafleet_memory_headroom_pct) when planning. A planning figure, not a limit: no "
-        "MemoryMax= is written (a tenant's memory_max limits its slice). Above 0 and under "
+        "numafleet_memory_headroom_pct) when planning. A planning figure; a limit only with "
+        "memory_limit: max or high (a tenant's memory_max limits its slice). Above 0 and under "
         "1 MiB is refused as a slip.",
         type_text="size",
         unit=_SIZE,
@@ -299,6 +300,45 @@ PLACEMENT_KEYS = (
         "exec only: systemd sandboxing (NoNewPrivileges, ProtectSystem=full, "
         "ProtectHome=read-only, PrivateTmp, kernel protections) for this unit.",
         default_text="pinned_services_hardening (true)",
+    ),
+    # Resource limits of the placement's service (module_utils/numa/limits.py).
+    Key(
+        "memory_limit",
+        "str",
+        "none",
+        "Turn the memory: budget into a limit of the service's cgroup: max writes "
+        "MemoryMax=<memory> (above it the kernel's OOM killer acts inside this service only; "
+        "systemd's default OOMPolicy=stop then stops the service and Restart=on-failure starts "
+        "it again), high writes MemoryHigh=<memory> (above it the service is throttled and its "
+        "memory reclaimed, nothing is killed), none writes neither. Needs memory:. Hugepages are "
+        "not charged to these limits. The default none keeps upgrades from adding limits (and a "
+        "restart) to running services, and a budget that is an estimate from OOM kills.",
+        choices=("none", "high", "max"),
+    ),
+    Key(
+        "cpu_weight",
+        "int",
+        None,
+        "CPUWeight= of the service (cgroup cpu.weight, 1-10000): its share of CPU time against "
+        "other cgroups of its slice when they compete.",
+        default_text="none (systemd's 100)",
+    ),
+    Key(
+        "io_weight",
+        "int",
+        None,
+        "IOWeight= of the service (cgroup io.weight, 1-10000): its share of block I/O when "
+        "devices are contended (the device's I/O scheduler or io.cost must support weights).",
+        default_text="none (systemd's 100)",
+    ),
+    Key(
+        "tasks_max",
+        "raw",
+        None,
+        "TasksMax= of the service (cgroup pids.max): a count of processes and threads >= 1, a "
+        'percentage 1%-100% of the system\'s limit ("25%"), or infinity.',
+        type_text="int or str",
+        default_text="none (systemd's DefaultTasksMax=)",
     ),
 )
 TENANT_KEYS = (

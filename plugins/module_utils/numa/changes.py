@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from . import mps, units
+from . import limits, mps, units
 from .cpulist import format_cpulist
 from .partition import is_manager_file
 from .planner import placement_text, waits_text
@@ -358,9 +358,11 @@ def change_plan(
             "reexec": pinned.reexec_needed,
             "reload": pinned.reload_needed or daemon_actions.reload_needed,
             # Why an MPS daemon restarts (its clients then restart through Requires=).
-            "restart_reasons": daemon_restart_reasons(
-                old_plan, new_plan, set(restart_units) | set(via_restart)
-            ),
+            "restart_reasons": {
+                **daemon_restart_reasons(old_plan, new_plan, set(restart_units) | set(via_restart)),
+                # A placement whose limits (MemoryMax=, CPUWeight=...) change.
+                **limits.restart_reasons(old_plan, new_plan, set(restart_units) | set(try_restart)),
+            },
         },
         "mig": mig,
         "hugepages": _pool_changes(old_plan, new_plan),
@@ -474,7 +476,7 @@ def change_lines(changes: dict) -> list:
         if unit_actions[key]:
             lines.append(f"  {label}: {', '.join(unit_actions[key])}")
     for unit, why in (unit_actions.get("restart_reasons") or {}).items():
-        if unit in unit_actions["restart"]:
+        if unit in unit_actions["restart"] or unit in unit_actions["restart_if_running"]:
             lines.append(f"  why {unit} restarts: {why}")
     for key, label in (
         ("restart_through", "restarted by systemd"),

@@ -148,6 +148,12 @@ SHOW_PROPERTIES = (
     "Slice",
     "DropInPaths",
     "FragmentPath",
+    # Limits of limits.py (TasksMax= is left to the file comparison: systemctl shows a
+    # percentage as the count it resolves to).
+    "MemoryMax",
+    "MemoryHigh",
+    "CPUWeight",
+    "IOWeight",
 )
 SHOW_SOURCE = "systemctl show"
 _DEV_NULL = "/dev/null"

@@ -16,6 +16,7 @@ from typing import Optional, Union
 
 from .cpulist import parse_cpulist
 from .errors import CpulistError, PlacementError
+from .limits import Limits, parse_limits
 
 PLACEMENT_KEYS = (
     "name",
@@ -36,6 +37,11 @@ PLACEMENT_KEYS = (
     "mps",
     "allow_span",
     "hardening",
+    # Resource limits of the placement's service (limits.py).
+    "memory_limit",
+    "cpu_weight",
+    "io_weight",
+    "tasks_max",
 )
 TENANT_KEYS = ("name", "memory_max", "description")
 HUGEPAGE_KEYS = ("size", "count")
@@ -150,6 +156,7 @@ class Placement:
     mps: Optional[Mps]
     allow_span: bool
     hardening: Optional[bool]
+    limits: Optional[Limits] = None  # memory_limit, weights, tasks_max (None: none set)
 
     @property
     def where(self) -> str:
@@ -715,6 +722,7 @@ def _placement(host: str, index: int, entry, tenants: set) -> Placement:
             "hardening": (
                 None if hardening is None else _bool(host, where, "hardening", hardening, None)
             ),
+            "limits": parse_limits(host, where, entry, memory_kb),
         },
     )
 

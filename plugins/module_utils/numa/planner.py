@@ -14,6 +14,7 @@ from itertools import chain, filterfalse, islice
 from operator import itemgetter
 from typing import Optional
 
+from . import limits
 from .allowed import allowed_text, narrowing_sources
 from .cpulist import format_cpulist
 from .errors import PlacementError, PlanError
@@ -2061,7 +2062,7 @@ class _Planner:
                 )
             environment[key] = value
         tenant_slice_name = self.slices[p.tenant] if p.tenant else DEFAULT_SLICE
-        return {
+        entry = {
             "name": p.name,
             "index": p.index,
             "unit": p.unit if p.unit else f"numafleet-{p.name}.service",
@@ -2093,6 +2094,7 @@ class _Planner:
             "request": self.requests.get(p.index) or placement_request(p),
             "warnings": warnings,
         }
+        return limits.add_to_entry(entry, p.limits, p.memory_kb)
 
     def _near_out(self, p) -> Optional[dict]:
         """The plan's near entry of p: the PCI device it is anchored on, or None."""
@@ -2916,7 +2918,8 @@ def placement_text(entry: dict) -> str:
 def plan_summary(plan: dict) -> str:
     """One line per host: '<host>: 2 placements: a node0 cpus 2-17 gpus 17:00.0; ...; 1 warning'.
 
-    A placement anchored with near: ends in ' near <BB:DD.F>' (' near 4b:00.0'); one whose MIG
+    A placement anchored with near: ends in ' near <BB:DD.F>' (' near 4b:00.0'); an exec
+    placement without user: in ' as root' (systemd's default account); one whose MIG
     instance does not exist yet in ' (waits for MIG instance ...: <reason>)' (waits_text).
     A plan narrowed to the allowed cpuset ends in '; allowed CPUs 1,3 and memory nodes 1'.
     """
@@ -2927,6 +2930,8 @@ def plan_summary(plan: dict) -> str:
         near = entry.get("near")
         if near:
             text += f" near {_short_address(near['address'])}"
+        if limits.runs_as(entry) == "root":  # exec without user: (the plan warns)
+            text += " as root"
         if entry.get("waits_for"):
             text += f" ({waits_text(entry)})"
         parts.append(text)

@@ -19,7 +19,7 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Optional
 
-from . import files, partition
+from . import files, limits, partition
 from .cpulist import format_cpulist
 from .errors import UnitFileError, UnitRenderError
 
@@ -552,6 +552,7 @@ def _placement_entries(
             ("Environment", quote_environment(key, environment[key], f"{where}.environment"))
         )
     service.append(("LimitMEMLOCK", "infinity"))
+    service.extend(limits.service_entries(placement, where))  # MemoryMax=, CPUWeight=...
     return unit_entries, service
 
 

@@ -44,7 +44,7 @@ def edited(fixture_root, case) -> tuple:
 
 
 def p(name: str, **changes) -> dict:
-    entry = {"name": name, "exec": "/bin/app", "cpus": 1, "memory": "64M"}
+    entry = {"name": name, "exec": "/bin/app", "user": "app", "cpus": 1, "memory": "64M"}
     entry.update(changes)
     return entry
 

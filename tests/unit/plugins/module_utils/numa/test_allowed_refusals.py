@@ -40,7 +40,7 @@ def gpus() -> dict:
 
 
 def p(name: str, **changes) -> dict:
-    entry = {"name": name, "exec": "/bin/app", "cpus": 1, "memory": "64M"}
+    entry = {"name": name, "exec": "/bin/app", "user": "app", "cpus": 1, "memory": "64M"}
     entry.update(changes)
     return entry
 

@@ -255,7 +255,9 @@ def test_gpu_with_local_subset_is_placed_on_its_node(fixture_root):
     numa, gpus = facts_of(root), gpus_of(root, machine)
     (a10,) = [g for g in gpus["gpus"] if g["address"] == "0000:06:00.0"]
     assert (a10["node"], a10["node_source"]) == (0, "local_cpulist_subset")
-    result = place(numa, gpus, [{"name": "g", "exec": "/bin/g", "cpus": 2, "gpus": ["06:00.0"]}])
+    result = place(
+        numa, gpus, [{"name": "g", "exec": "/bin/g", "user": "g", "cpus": 2, "gpus": ["06:00.0"]}]
+    )
     (entry,) = result["placements"]
     assert (entry["node"], entry["gpus"][0]["node"]) == (0, 0)
     assert result["warnings"] == []  # recorded: "unknown NUMA locality ... by CPU/memory fit"

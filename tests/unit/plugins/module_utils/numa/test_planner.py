@@ -53,10 +53,13 @@ def machine_facts(fixture_root):
 
 
 def p(name: str, **changes) -> dict:
-    """A placement of host_vars: exec /bin/app, cpus 4 unless changed."""
+    """A placement of host_vars: exec /bin/app as user app, cpus 4 unless changed (user: None:
+    runs as root, which the plan warns about)."""
     entry = {"name": name, "exec": "/bin/app", "cpus": 4}
+    if "unit" not in changes:
+        entry["user"] = "app"
     entry.update(changes)
-    return entry
+    return {key: value for key, value in entry.items() if value is not None or key != "user"}
 
 
 def plan(machine_facts, machine, placements, tenants=(), policy=None, host="h"):
@@ -669,7 +672,7 @@ def test_mps_clients_share_a_gpu_and_one_daemon(machine_facts):
             # must not change (and restart) the daemon
             "cpus": next(n for n in result["nodes"] if n["id"] == a["node"])["cpus_usable"],
             "mems": a["mems"],
-            "user": None,
+            "user": "app",
             "group": None,
             "pinned_memory_limit_kb": 8 << 20,
         }

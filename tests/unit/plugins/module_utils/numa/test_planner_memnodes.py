@@ -39,7 +39,7 @@ def numa_of(machine: str) -> dict:
 
 
 def p(name: str, **changes) -> dict:
-    entry = {"name": name, "exec": "/bin/app", "cpus": 4}
+    entry = {"name": name, "exec": "/bin/app", "user": "app", "cpus": 4}
     entry.update(changes)
     return entry
 

@@ -37,7 +37,7 @@ def host(**changes) -> dict:
 
 
 def p(name: str, **changes) -> dict:
-    entry = {"name": name, "exec": "/bin/app", "cpus": 4, "memory": "2G"}
+    entry = {"name": name, "exec": "/bin/app", "user": "app", "cpus": 4, "memory": "2G"}
     entry.update(changes)
     return entry
 
