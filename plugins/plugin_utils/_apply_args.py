@@ -24,9 +24,11 @@ import re
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from ansible_collections.numafleet.tuning.plugins.module_utils.numa import gpu_settings
-from ansible_collections.numafleet.tuning.plugins.module_utils.numa import partition
-from ansible_collections.numafleet.tuning.plugins.module_utils.numa import cmdline
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import (
+    cmdline,
+    gpu_settings,
+    partition,
+)
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.cpulist import format_cpulist
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import NumaTuneError
 from ansible_collections.numafleet.tuning.plugins.plugin_utils import _module_inputs

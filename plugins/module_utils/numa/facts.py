@@ -25,7 +25,7 @@ class StatePathError(NumaTuneError):
 # (2: allowed, pid1, kernel.osrelease, nodes_per_package, snc_like, numa_node_raw, memory tiers).
 # numa_facts' reuse_cached answers only with cached facts of this format, so that facts a fact
 # cache kept from an older release are gathered again instead of silently lacking those keys.
-FACTS_VERSION = 2
+FACTS_VERSION = 3
 
 
 def read_numa_facts(reader: Reader) -> dict:

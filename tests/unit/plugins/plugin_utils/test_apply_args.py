@@ -564,6 +564,8 @@ def test_gpu_settings_need_this_hosts_plan():
     got = build(H, {"nvidia_gpu_settings": [{"gpu": "GPU-a"}]}, {"version": 1}, GPU_FACTS, ("gpu",))
     (problem,) = got.problems
     assert problem.startswith(f"host {H}: nvidia_gpu_plan is not this host's plan")
+
+
 def test_a_partitioned_plan_bans_every_cpu_outside_housekeeping_from_irqbalance():
     """numafleet_partition (the plan's partition key): auto bans every online CPU but the
     housekeeping ones, plus the isolated and nohz_full CPUs; a cpulist or leave still wins."""
