@@ -195,6 +195,8 @@ FIELDS = (
     Field("placement.user (MPS client)", "numafleet_placements", _mps_user, "mps_user"),
     Field("placement.unit", "numafleet_placements", _unit_name, "unit"),
     Field("placement.tenant", "numafleet_placements", _set((*P0, "tenant"))),
+    Field("placement.memory_limit", "numafleet_placements", _set((*P0, "memory_limit"))),
+    Field("placement.tasks_max", "numafleet_placements", _set((*P0, "tasks_max"))),
     Field(
         "placement.gpus",
         "numafleet_placements",
@@ -270,6 +272,28 @@ FIELDS = (
         ),
     ),  # fmt: skip
     Field("mig_backend", "numafleet_mig_backend", _kernel_choice("numafleet_mig_backend")),
+    Field(
+        "gpu_settings.gpu",
+        "numafleet_gpu_settings",
+        lambda h, v: h.update(numafleet_gpu_settings=[{"gpu": v, "power_limit_w": 300}]),
+    ),
+    Field(
+        "gpu_settings.compute_mode",
+        "numafleet_gpu_settings",
+        lambda h, v: h.update(numafleet_gpu_settings=[{"gpu": "0000:17:00.0", "compute_mode": v}]),
+    ),
+    Field(
+        "gpu_settings.application_clocks",
+        "numafleet_gpu_settings",
+        lambda h, v: h.update(
+            numafleet_gpu_settings=[{"gpu": "0000:17:00.0", "application_clocks": v}]
+        ),
+    ),
+    Field(
+        "kernel_isolation",
+        "numafleet_kernel_isolation",
+        _kernel_choice("numafleet_kernel_isolation"),
+    ),
     Field(
         "mig_parted_config",
         "numafleet_mig_parted_config",
