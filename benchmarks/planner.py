@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import trees  # noqa: E402  (tests/unit/fixtures/trees.py, stdlib only)
 from facts import machine_info  # noqa: E402  (benchmarks/facts.py)
 
-from ansible_collections.numafleet.tuning.plugins.module_utils.numa import gpu  # noqa: E402
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import gpu, gpu_snapshot  # noqa: E402
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.planner import (  # noqa: E402
     parse_recorded,
     plan_host,
@@ -98,7 +98,7 @@ def load_facts(scratch: str) -> dict:
         root = trees.materialize(machine, Path(scratch) / machine)
         snapshot = trees.GPU_SNAPSHOT_DIR / f"{machine}.json"
         state = (
-            gpu.read_snapshot(str(snapshot))
+            gpu_snapshot.read_snapshot(str(snapshot))
             if snapshot.is_file()
             else gpu.nvml_unavailable("no snapshot")
         )

@@ -31,14 +31,14 @@ def matrix_env(tmp_path_factory):
     import injection
     import trees
 
-    from ansible_collections.numafleet.tuning.plugins.module_utils.numa import gpu
+    from ansible_collections.numafleet.tuning.plugins.module_utils.numa import gpu, gpu_snapshot
     from ansible_collections.numafleet.tuning.plugins.module_utils.numa.sysfs import Reader
 
     base = tmp_path_factory.mktemp("matrix")
     root = trees.materialize(MACHINE, base / MACHINE)
     snapshot = str(trees.GPU_SNAPSHOT_DIR / f"{MACHINE}.json")
     numa = json.loads((UNIT / "fixtures" / "sysfs" / f"{MACHINE}.numa.json").read_text())
-    state = gpu.read_snapshot(snapshot)
+    state = gpu_snapshot.read_snapshot(snapshot)
     topology = json.loads(
         json.dumps(gpu.read_gpu_topology(Reader(f"{root}/sys", f"{root}/proc"), state))
     )

@@ -134,3 +134,121 @@ def test_import_checker_itself(source, found):
     bad = _bad_imports(ast.parse(source))
     assert len(bad) == len(found), bad
     assert [b[: len(f)] for b, f in zip(bad, found, strict=True)] == found
+
+
+# -- the import graph of the core -------------------------------------------------------------
+
+
+def _sibling_imports(tree: ast.Module) -> list:
+    """[(sibling, name or None, line)] of every import of a sibling, at any depth (function-level
+    imports too): ``from .x import a`` gives ("x", "a", line), ``from . import x`` ("x", None, line)."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom) or node.level != 1:
+            continue
+        if node.module:
+            sibling = node.module.split(".")[0]
+            found.extend((sibling, alias.name, node.lineno) for alias in node.names)
+        else:
+            found.extend((alias.name, None, node.lineno) for alias in node.names)
+    return found
+
+
+def _import_graph(sources: dict) -> dict:
+    """{module: set of the siblings it imports} of {module: source}."""
+    return {
+        name: {sibling for sibling, dummy, dummy_line in _sibling_imports(ast.parse(text))}
+        & set(sources)
+        for name, text in sources.items()
+    }
+
+
+def _cycles(graph: dict) -> list:
+    """The import cycles of ``graph``: each strongly connected part of two or more modules (or
+    one that imports itself), sorted; iterative Tarjan (no recursion limit)."""
+    index: dict = {}
+    low: dict = {}
+    stack: list = []
+    on_stack: set = set()
+    found = []
+    counter = 0
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                part = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    part.append(member)
+                    if member == node:
+                        break
+                if len(part) > 1 or node in graph[node]:
+                    found.append(sorted(part))
+    return sorted(found)
+
+
+def test_core_imports_have_no_cycle():
+    """No module of the core imports itself back through its siblings, not even through a
+    function-level import: shared records live in a module the others import (gpu_records.py,
+    plan_common.py), never in one that imports them."""
+    graph = _import_graph({path.stem: _source(path) for path in CORE_FILES})
+    assert not _cycles(graph), f"import cycles in the core: {_cycles(graph)}"
+
+
+@pytest.mark.parametrize("path", CORE_FILES, ids=_ids(CORE_FILES))
+def test_core_imports_no_private_name_of_a_sibling(path):
+    """A leading-underscore name is private to its module: a sibling that needs it needs it
+    public (or in a shared module)."""
+    private = [
+        f"line {line}: from .{sibling} import {name}"
+        for sibling, name, line in _sibling_imports(ast.parse(_source(path)))
+        if name is not None and name.startswith("_")
+    ]
+    assert not private, f"{path.name} imports private names of siblings: {private}"
+
+
+@pytest.mark.parametrize(
+    ("sources", "cycles"),
+    [
+        ({"a": "from .b import x\n", "b": "import os\n"}, []),
+        ({"a": "from .b import x\n", "b": "def f():\n    from .a import y\n"}, [["a", "b"]]),
+        (
+            {"a": "from . import b\n", "b": "from .c import z\n", "c": "from . import a\n"},
+            [["a", "b", "c"]],
+        ),
+        ({"a": "from . import a\n"}, [["a"]]),
+        ({"a": "from .b import x\nfrom .c import y\n", "b": "from .c import y\n", "c": ""}, []),
+    ],
+)
+def test_cycle_checker_itself(sources, cycles):
+    assert _cycles(_import_graph(sources)) == cycles
+
+
+def test_private_import_checker_itself():
+    tree = ast.parse("from .gpu import _clip, GpuState\nfrom . import gpu\n")
+    assert [
+        name for dummy, name, dummy_line in _sibling_imports(tree) if name and name[0] == "_"
+    ] == ["_clip"]

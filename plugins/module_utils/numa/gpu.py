@@ -9,7 +9,8 @@ GPU's memory on coherent systems such as GH200) is kept apart as ``nvml_numa_nod
 
 NVML's reader is in gpu_nvml.py, nvidia-smi's in gpu_smi.py and snapshots in gpu_snapshot.py; each
 is imported only when a run needs it (a module's every import is compiled on each execution).
-Their public names are still reachable as attributes of this module (``gpu.read_nvml``).
+The records and helpers they share with this module (GpuState, SysfsGpu, ENRICHED_FIELDS, ...)
+are in gpu_records.py, which imports none of them.
 """
 
 from __future__ import annotations
@@ -19,46 +20,41 @@ import functools
 import os
 import re
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Callable, Optional
 
 from . import pci, topology
 from .errors import CommandOutputError
+from .gpu_records import (
+    ENRICHED_FIELDS,
+    NVIDIA_SMI_COMMAND,
+    SOURCE_SYSFS,
+    GpuState,
+    SysfsGpu,
+    nvml_unavailable,
+)
+from .gpu_records import NVML_AFFINITY_WORDS as NVML_AFFINITY_WORDS  # re-exported
+from .gpu_records import SNAPSHOT_FORMAT as SNAPSHOT_FORMAT  # re-exported
+from .gpu_records import SNAPSHOT_VERSION as SNAPSHOT_VERSION  # re-exported
+from .gpu_records import SOURCE_NVIDIA_SMI as SOURCE_NVIDIA_SMI  # re-exported
+from .gpu_records import SOURCE_NVML as SOURCE_NVML  # re-exported
+from .gpu_records import SOURCE_SNAPSHOT as SOURCE_SNAPSHOT  # re-exported
+from .gpu_records import address_key as _address_key
+from .gpu_records import mig_memory_gb as mig_memory_gb  # re-exported
+from .gpu_records import normalise_bus_id as normalise_bus_id  # re-exported
+from .gpu_records import quote as _quote
+from .gpu_records import sorted_warnings as _sorted_warnings
 from .sysfs import Reader
 
-SOURCE_SYSFS = "sysfs"
-SOURCE_NVML = "nvml"
-SOURCE_NVIDIA_SMI = "nvidia-smi"
-SOURCE_SNAPSHOT = "snapshot"
-SNAPSHOT_FORMAT = "numafleet.tuning/gpu-snapshot"
-SNAPSHOT_VERSION = 1
-NVIDIA_SMI_COMMAND = "nvidia-smi -q -x"
 NVIDIA_SMI_MODES = ("auto", "always", "never")
 # The library pynvml's nvmlInit loads on Linux, and the reason read_nvml gives when that fails
 # (pynvml raises NVMLError_LibraryNotFound, "NVML Shared Library Not Found").
 NVML_LIBRARY = "libnvidia-ml.so.1"
 NVML_LIBRARY_MISSING = "nvmlInit failed: NVML Shared Library Not Found"
 _NVML_MODULE = "pynvml"
-# Values the GPU's enrichment (NVML, nvidia-smi or snapshot) provides, in facts order.
-ENRICHED_FIELDS = (
-    "uuid",
-    "name",
-    "memory_total_mib",
-    "compute_mode",
-    "persistence_mode",
-    "mig",
-    "processes",
-    "nvlink_peers",
-    "nvlink_switches",
-    "nvml_numa_node",
-    "nvml_cpu_affinity",
-)
 # node_source of a GPU whose sysfs numa_node is -1 and whose NVML CPU affinity at NODE scope
 # (nvmlDeviceGetCpuAffinityWithinScope, nvml_cpu_affinity) lies within exactly one node's CPUs.
 NODE_SOURCE_NVML = "nvml_cpu_affinity"
-# Words (64 CPUs each) asked of nvmlDeviceGetCpuAffinityWithinScope: 8192 CPUs, Linux's
-# largest NR_CPUS.
-NVML_AFFINITY_WORDS = 128
 _SYSFS_FIELDS = (
     "address",
     "vendor",
@@ -72,123 +68,12 @@ _SYSFS_FIELDS = (
     "partition",
 )
 _VENDORS = {pci.VENDOR_NVIDIA: "nvidia", pci.VENDOR_AMD: "amd"}
-_MIB = 1 << 20
-_GIB = 1 << 30
 _CARD_RE = re.compile(r"^card[0-9]+\Z")
 _KILL_AFTER_S = 5
-# Longest piece of a file or command output quoted in a message.
-_QUOTE_LIMIT = 80
-
-
-@dataclass(frozen=True)
-class SysfsGpu:
-    """A GPU as sysfs shows it: PCI identity, locality and (AMD Instinct) partition modes."""
-
-    address: str
-    vendor: str
-    vendor_id: Optional[str]
-    device_id: Optional[str]
-    numa_node: Optional[int]
-    node: Optional[int]
-    node_source: Optional[str]
-    local_cpus: Optional[tuple]
-    switch: Optional[str]
-    root_port: Optional[str]
-    partition: Optional[dict]
-    numa_node_raw: Optional[int] = None  # the sysfs numa_node as written (-1: unknown)
-
-
-@dataclass(frozen=True)
-class GpuState:
-    """What NVML, nvidia-smi or a snapshot said about the GPUs.
-
-    ``gpus`` maps a PCI address (``0000:17:00.0``) to a record holding every ENRICHED_FIELDS key
-    plus ``unavailable`` ({field: reason} for values the source could not give). ``source`` is
-    where the records came from on the host that produced them (``nvml``, ``nvidia-smi`` or None);
-    ``snapshot_path`` is set when they were read back from a snapshot file.
-    """
-
-    source: Optional[str]
-    nvml: dict
-    nvidia_smi: dict
-    gpus: dict
-    warnings: tuple = ()
-    snapshot_path: Optional[str] = None
-
-    @property
-    def label(self) -> Optional[str]:
-        """The source name each enriched value is credited to in the facts."""
-        return SOURCE_SNAPSHOT if self.snapshot_path else self.source
 
 
 # ---------------------------------------------------------------------------------------------
 # Shared helpers
-
-
-def _clip(text: str) -> str:
-    """``text`` cut to _QUOTE_LIMIT characters with an ellipsis, so no message quotes a whole file."""
-    return text if len(text) <= _QUOTE_LIMIT else text[:_QUOTE_LIMIT] + "..."
-
-
-def _quote(value) -> str:
-    """repr() of ``value`` for a message, its text cut as by _clip."""
-    return repr(_clip(value)) if isinstance(value, str) else _clip(repr(value))
-
-
-def normalise_bus_id(bus_id) -> str:
-    """Kernel-style address (``0000:db:00.0``) of an NVML/nvidia-smi bus id; raises ValueError.
-
-    NVML and nvidia-smi print an 8-digit upper-case domain (``00000000:DB:00.0``); the kernel
-    prints at least 4 lower-case digits, so ``00000001:00:00.0`` (Hyper-V) becomes ``0001:00:00.0``.
-    """
-    if isinstance(bus_id, bytes):
-        bus_id = bus_id.decode("ascii", "replace")
-    text = str(bus_id).replace("\0", "").strip()
-    try:
-        domain, bus, device, function = pci.parse_address(text)
-    except ValueError:
-        raise ValueError(f"{_quote(text)} is not a PCI bus id like 00000000:DB:00.0") from None
-    return f"{domain:04x}:{bus:02x}:{device:02x}.{function}"
-
-
-def mig_memory_gb(memory_mib: int, total_bytes: Optional[int]) -> Optional[int]:
-    """The GB in a MIG profile name (``10`` in ``1g.10gb``), or None without the GPU's total.
-
-    As nvidia-smi and go-nvlib do: the profile's share of the GPU memory is rounded up to whole
-    eighths, times the GPU memory in whole GiB (rounded up), rounded half up.
-    """
-    if not total_bytes or total_bytes <= 0 or memory_mib <= 0:
-        return None
-    eighths = -(-(memory_mib * _MIB * 8) // total_bytes)
-    total_gb = -(-total_bytes // _GIB)
-    return (eighths * total_gb + 4) // 8
-
-
-def _text(value) -> Optional[str]:
-    if value is None:
-        return None
-    if isinstance(value, bytes):
-        value = value.decode("utf-8", "replace")
-    text = str(value).replace("\0", "").strip()
-    return text or None
-
-
-def _empty_record() -> dict:
-    record: dict = dict.fromkeys(ENRICHED_FIELDS)
-    record["unavailable"] = {}
-    return record
-
-
-def _address_key(address: str) -> tuple:
-    try:
-        return (0,) + pci.parse_address(address)
-    except ValueError:
-        return (1, address)
-
-
-def _sorted_warnings(warnings) -> list:
-    unique = {(w["path"], w["reason"]) for w in warnings}
-    return [{"path": path, "reason": reason} for path, reason in sorted(unique)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -261,16 +146,6 @@ def read_gpus(reader: Reader, node_cpus: dict) -> list:
             )
         )
     return gpus
-
-
-def nvml_unavailable(reason: str, driver_version: Optional[str] = None) -> GpuState:
-    """GPU state saying NVML cannot be used, and why; nothing else is known."""
-    return GpuState(
-        source=None,
-        nvml={"available": False, "reason": reason, "driver_version": driver_version},
-        nvidia_smi={"used": False, "reason": None, "driver_version": None},
-        gpus={},
-    )
 
 
 def _smi_unavailable(reason: str) -> GpuState:
@@ -579,41 +454,3 @@ def gather_gpu_topology(
         gpu_snapshot.write_snapshot(snapshot_out, state)
         return facts, True
     return facts, False
-
-
-# The names that moved out of this file, by the module that has them now. ``gpu.<name>`` still
-# gives each (PEP 562), importing that module on first use: a run that does not need it does not
-# compile it.
-_MOVED = {
-    "gpu_nvml": frozenset(
-        "_CI_CONSTANT_RE _GI_CONSTANT_RE _GI_SUFFIXES _NvmlMissing _Query _compute_mode _constants"
-        " _link_switch_peers _profile_name _read_compute_instances _read_device _read_gi_profiles"
-        " _read_gpu_instances _read_initialised _read_mig _read_mig_uuids _read_nvlink"
-        " _read_placements _read_processes _switch_word read_nvml".split()
-    ),
-    "gpu_smi": frozenset(
-        "_NOT_AVAILABLE _OUTPUT_LIMIT _TIMEOUT_STATUSES _XML_COMPUTE_MODES _XML_SWITCH _first_line"
-        " _smi_outcome _xml_choice _xml_int _xml_mig _xml_record _xml_value parse_nvidia_smi_xml".split()
-    ),
-    "gpu_snapshot": frozenset(
-        "_BOOL _COMPUTE_INSTANCE _FILE_KINDS _GPU_INSTANCE _INT _JSON_TYPES _MIG _PROFILE _RECORD"
-        " _SNAPSHOT _SNAPSHOT_FILE_FIX _SNAPSHOT_LIMIT _STR _SWITCH _check _json_type _list _obj"
-        " _not_regular _open_nonblocking _opt as_snapshot parse_snapshot read_snapshot"
-        " write_snapshot".split()
-    ),
-}
-
-
-def __getattr__(name: str):
-    """A name that moved to gpu_nvml, gpu_smi or gpu_snapshot, imported from there when asked."""
-    if name in _MOVED["gpu_nvml"]:
-        from . import gpu_nvml as module
-    elif name in _MOVED["gpu_smi"]:
-        from . import gpu_smi as module
-    elif name in _MOVED["gpu_snapshot"]:
-        from . import gpu_snapshot as module
-    else:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(module, name)
-    globals()[name] = value
-    return value

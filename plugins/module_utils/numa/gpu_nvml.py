@@ -12,14 +12,14 @@ import re
 from typing import Optional
 
 from .errors import NumaTuneError
-from .gpu import (
-    _MIB,
+from .gpu_records import (
+    MIB,
     NVML_AFFINITY_WORDS,
     SOURCE_NVML,
     GpuState,
-    _address_key,
-    _empty_record,
-    _text,
+    address_key,
+    clean_text,
+    empty_record,
     mig_memory_gb,
     normalise_bus_id,
     nvml_unavailable,
@@ -47,7 +47,7 @@ class _NvmlMissing(NumaTuneError):
         super().__init__(f"{name} is missing from this nvidia-ml-py; upgrade nvidia-ml-py")
 
 
-class _Query:
+class NvmlQuery:
     """Calls into the pynvml-like object; NVMLError becomes a recorded reason where asked."""
 
     def __init__(self, nvml) -> None:
@@ -86,7 +86,7 @@ class _Query:
         return [array[index] for index in range(min(count.value, len(array)))]
 
 
-def _compute_mode(query: _Query, value) -> Optional[str]:
+def _compute_mode(query: NvmlQuery, value) -> Optional[str]:
     if value is None:
         return None
     names = {
@@ -98,20 +98,20 @@ def _compute_mode(query: _Query, value) -> Optional[str]:
     return names.get(value, f"unknown ({value})")
 
 
-def _switch_word(query: _Query, value, enabled_name: str) -> Optional[str]:
+def _switch_word(query: NvmlQuery, value, enabled_name: str) -> Optional[str]:
     if value is None:
         return None
     return "enabled" if value == query.constant(enabled_name, 1) else "disabled"
 
 
 def _profile_name(raw) -> Optional[str]:
-    name = _text(raw)
+    name = clean_text(raw)
     if name and name.startswith("MIG "):
         name = name[4:].strip()
     return name or None
 
 
-def _constants(query: _Query, pattern: str) -> list:
+def _constants(query: NvmlQuery, pattern: str) -> list:
     pattern = re.compile(pattern)
     found = []
     for name in dir(query.nvml):
@@ -122,7 +122,7 @@ def _constants(query: _Query, pattern: str) -> list:
     return sorted(set(found), key=lambda item: item[0])
 
 
-def _read_placements(query: _Query, handle, profile_id: int, miss: dict) -> Optional[list]:
+def _read_placements(query: NvmlQuery, handle, profile_id: int, miss: dict) -> Optional[list]:
     name = "nvmlDeviceGetGpuInstancePossiblePlacements"
     try:
         count = ctypes.c_uint(0)
@@ -138,7 +138,7 @@ def _read_placements(query: _Query, handle, profile_id: int, miss: dict) -> Opti
     return [{"start": start, "size": size} for start, size in sorted(spots)]
 
 
-def _read_gi_profiles(query: _Query, handle, total_bytes, miss: dict) -> Optional[list]:
+def read_gi_profiles(query: NvmlQuery, handle, total_bytes, miss: dict) -> Optional[list]:
     """[(public profile dict, gb, suffix)] of the GPU instance profiles the GPU supports."""
     name = "nvmlDeviceGetGpuInstanceProfileInfo"
     found, seen, last = [], set(), None
@@ -174,7 +174,7 @@ def _read_gi_profiles(query: _Query, handle, total_bytes, miss: dict) -> Optiona
     return found
 
 
-def _read_mig_uuids(query: _Query, handle, miss: dict) -> dict:
+def _read_mig_uuids(query: NvmlQuery, handle, miss: dict) -> dict:
     """{(GPU instance id, compute instance id): MIG device UUID}."""
     count = query.attempt(miss, "mig.mig_device_uuid", "nvmlDeviceGetMaxMigDeviceCount", handle)
     uuids = {}
@@ -187,14 +187,14 @@ def _read_mig_uuids(query: _Query, handle, miss: dict) -> dict:
             name = "nvmlDeviceGetComputeInstanceId"
             compute_instance = int(query.call(name, mig))
             name = "nvmlDeviceGetUUID"
-            uuids[(gpu_instance, compute_instance)] = _text(query.call(name, mig))
+            uuids[(gpu_instance, compute_instance)] = clean_text(query.call(name, mig))
         except query.failures as exc:
             if not query.is_code(exc, "NVML_ERROR_NOT_FOUND"):  # NOT_FOUND: an empty slot
                 miss["mig.mig_device_uuid"] = query.reason(name, exc)
     return uuids
 
 
-def _read_compute_instances(query: _Query, gpu_instance, parent: tuple, gi_id, uuids, miss):
+def _read_compute_instances(query: NvmlQuery, gpu_instance, parent: tuple, gi_id, uuids, miss):
     public, gb, suffix = parent
     engine = query.constant("NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED", 0)
     found, seen = [], set()
@@ -237,7 +237,7 @@ def _read_compute_instances(query: _Query, gpu_instance, parent: tuple, gi_id, u
     return sorted(found, key=lambda item: item["id"])
 
 
-def _read_gpu_instances(query: _Query, handle, profiles, miss: dict) -> Optional[list]:
+def read_gpu_instances(query: NvmlQuery, handle, profiles, miss: dict) -> Optional[list]:
     if profiles is None:
         miss["mig.gpu_instances"] = (
             "the GPU instance profiles are unknown, so no instance is listed"
@@ -276,22 +276,22 @@ def _read_gpu_instances(query: _Query, handle, profiles, miss: dict) -> Optional
     return sorted(instances, key=lambda item: item["id"])
 
 
-def _read_mig(query: _Query, handle, total_bytes, miss: dict) -> Optional[dict]:
+def _read_mig(query: NvmlQuery, handle, total_bytes, miss: dict) -> Optional[dict]:
     modes = query.attempt(miss, "mig", "nvmlDeviceGetMigMode", handle)
     if modes is None:
         return None
     current, pending = modes
-    profiles = _read_gi_profiles(query, handle, total_bytes, miss)
+    profiles = read_gi_profiles(query, handle, total_bytes, miss)
     enabled = current == query.constant("NVML_DEVICE_MIG_ENABLE", 1)
     return {
         "mode_current": _switch_word(query, current, "NVML_DEVICE_MIG_ENABLE"),
         "mode_pending": _switch_word(query, pending, "NVML_DEVICE_MIG_ENABLE"),
-        "gpu_instances": _read_gpu_instances(query, handle, profiles, miss) if enabled else [],
+        "gpu_instances": read_gpu_instances(query, handle, profiles, miss) if enabled else [],
         "supported_profiles": [item[0] for item in profiles] if profiles is not None else None,
     }
 
 
-def _read_processes(query: _Query, handle, miss: dict) -> Optional[list]:
+def _read_processes(query: NvmlQuery, handle, miss: dict) -> Optional[list]:
     pids, reasons, answered = set(), [], False
     for name in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
         try:
@@ -307,7 +307,7 @@ def _read_processes(query: _Query, handle, miss: dict) -> Optional[list]:
     return sorted(pids)
 
 
-def _read_nvlink(query: _Query, handle, miss: dict) -> tuple:
+def _read_nvlink(query: NvmlQuery, handle, miss: dict) -> tuple:
     """(direct GPU peers, NVSwitches) over active NVLinks; (None, None) without NVLink."""
     active = query.constant("NVML_FEATURE_ENABLED", 1)
     switch_type = query.constant("NVML_NVLINK_DEVICE_TYPE_SWITCH", 2)
@@ -332,14 +332,14 @@ def _read_nvlink(query: _Query, handle, miss: dict) -> tuple:
     return sorted(peers), sorted(switches)
 
 
-def _read_device(query: _Query, handle) -> dict:
-    record = _empty_record()
+def _read_device(query: NvmlQuery, handle) -> dict:
+    record = empty_record()
     miss = record["unavailable"]
-    record["uuid"] = _text(query.attempt(miss, "uuid", "nvmlDeviceGetUUID", handle))
-    record["name"] = _text(query.attempt(miss, "name", "nvmlDeviceGetName", handle))
+    record["uuid"] = clean_text(query.attempt(miss, "uuid", "nvmlDeviceGetUUID", handle))
+    record["name"] = clean_text(query.attempt(miss, "name", "nvmlDeviceGetName", handle))
     memory = query.attempt(miss, "memory_total_mib", "nvmlDeviceGetMemoryInfo", handle)
     total = int(memory.total) if memory is not None else None
-    record["memory_total_mib"] = total // _MIB if total is not None else None
+    record["memory_total_mib"] = total // MIB if total is not None else None
     mode = query.attempt(miss, "compute_mode", "nvmlDeviceGetComputeMode", handle)
     record["compute_mode"] = _compute_mode(query, mode)
     persistence = query.attempt(miss, "persistence_mode", "nvmlDeviceGetPersistenceMode", handle)
@@ -353,7 +353,7 @@ def _read_device(query: _Query, handle) -> dict:
     return record
 
 
-def _read_cpu_affinity(query: _Query, handle, miss: dict) -> Optional[list]:
+def _read_cpu_affinity(query: NvmlQuery, handle, miss: dict) -> Optional[list]:
     """CPUs of the GPU's ideal CPU affinity within its NUMA node (nvmlDeviceGetCpuAffinityWithin
     Scope, NVML_AFFINITY_SCOPE_NODE): bit b of word w is CPU 64*w + b. None when NVML cannot
     say (the reason in ``miss``) or the mask is empty."""
@@ -390,12 +390,12 @@ def _link_switch_peers(gpus: dict) -> None:
         for switch in record["nvlink_switches"] or ():
             reach |= members[switch]
         reach.discard(address)
-        record["nvlink_peers"] = sorted(reach, key=_address_key)
+        record["nvlink_peers"] = sorted(reach, key=address_key)
 
 
-def _read_initialised(query: _Query) -> GpuState:
+def _read_initialised(query: NvmlQuery) -> GpuState:
     status: dict = {}
-    driver = _text(query.attempt(status, "driver", "nvmlSystemGetDriverVersion"))
+    driver = clean_text(query.attempt(status, "driver", "nvmlSystemGetDriverVersion"))
     try:
         count = int(query.call("nvmlDeviceGetCount"))
     except query.failures as exc:
@@ -431,7 +431,7 @@ def read_nvml(nvml) -> GpuState:
     reason. Each other NVMLError is caught per value: that value is None and the reason is kept
     in the GPU's ``unavailable`` map. ``nvmlShutdown`` is always called after a successful init.
     """
-    query = _Query(nvml)
+    query = NvmlQuery(nvml)
     try:
         query.call("nvmlInit")
     except query.failures as exc:

@@ -11,16 +11,16 @@ import re
 from typing import Optional
 
 from .errors import CommandOutputError
-from .gpu import (
-    _QUOTE_LIMIT,
+from .gpu_records import (
     NVIDIA_SMI_COMMAND,
+    QUOTE_LIMIT,
     SOURCE_NVIDIA_SMI,
     GpuState,
-    _clip,
-    _empty_record,
-    _quote,
-    _text,
+    clean_text,
+    clip,
+    empty_record,
     normalise_bus_id,
+    quote,
 )
 
 _NOT_AVAILABLE = ("", "n/a", "none")
@@ -40,7 +40,7 @@ def _xml_value(element, path: str, miss: dict, key: str) -> Optional[str]:
         return None
     text = (found.text or "").strip()
     if text.lower() in _NOT_AVAILABLE or text.startswith("["):
-        miss[key] = f"nvidia-smi reports {_clip(text) or 'nothing'} for <{path}>"
+        miss[key] = f"nvidia-smi reports {clip(text) or 'nothing'} for <{path}>"
         return None
     return text
 
@@ -55,7 +55,7 @@ def _xml_choice(text: Optional[str], spellings: tuple, miss: dict, key: str, lab
     value = re.sub(r"[\s-]+", "_", text.strip()).lower()
     if value in (spelling.lower() for spelling in spellings):
         return value
-    miss[key] = f"nvidia-smi: {label} {_quote(text)} is not one of {', '.join(spellings)}"
+    miss[key] = f"nvidia-smi: {label} {quote(text)} is not one of {', '.join(spellings)}"
     return None
 
 
@@ -108,14 +108,14 @@ def _xml_mig(element, miss: dict) -> Optional[dict]:
 
 
 def _xml_record(element) -> dict:
-    record = _empty_record()
+    record = empty_record()
     miss = record["unavailable"]
     record["uuid"] = _xml_value(element, "uuid", miss, "uuid")
     record["name"] = _xml_value(element, "product_name", miss, "name")
     total = _xml_value(element, "fb_memory_usage/total", miss, "memory_total_mib")
     record["memory_total_mib"] = _xml_int(total)
     if total is not None and record["memory_total_mib"] is None:
-        miss["memory_total_mib"] = f"nvidia-smi printed {_quote(total)}, not a size in MiB"
+        miss["memory_total_mib"] = f"nvidia-smi printed {quote(total)}, not a size in MiB"
     for key, spellings in (("compute_mode", _XML_COMPUTE_MODES), ("persistence_mode", _XML_SWITCH)):
         value = _xml_value(element, key, miss, key)
         record[key] = _xml_choice(value, spellings, miss, key, key)
@@ -144,12 +144,12 @@ def parse_nvidia_smi_xml(text: str) -> GpuState:
         root = ElementTree.fromstring(text)
     except (ElementTree.ParseError, ValueError, LookupError) as exc:
         raise CommandOutputError(
-            NVIDIA_SMI_COMMAND, f"output is not XML ({_clip(str(exc))})"
+            NVIDIA_SMI_COMMAND, f"output is not XML ({clip(str(exc))})"
         ) from None
     if root.tag != "nvidia_smi_log":
         raise CommandOutputError(
             NVIDIA_SMI_COMMAND,
-            f"output's root element is <{_clip(str(root.tag))}>, not <nvidia_smi_log>",
+            f"output's root element is <{clip(str(root.tag))}>, not <nvidia_smi_log>",
         )
     gpus, warnings = {}, []
     for position, element in enumerate(root.findall("gpu")):
@@ -160,7 +160,7 @@ def parse_nvidia_smi_xml(text: str) -> GpuState:
             warnings.append({"path": f"nvidia-smi:gpu[{position}]", "reason": str(exc)})
             continue
         gpus[address] = _xml_record(element)
-    driver = _text(root.findtext("driver_version"))
+    driver = clean_text(root.findtext("driver_version"))
     return GpuState(
         source=SOURCE_NVIDIA_SMI,
         nvml={"available": False, "reason": None, "driver_version": None},
@@ -172,9 +172,9 @@ def parse_nvidia_smi_xml(text: str) -> GpuState:
 
 def _first_line(*texts) -> str:
     for text in texts:
-        head = (text or "").lstrip()[: _QUOTE_LIMIT * 4]
+        head = (text or "").lstrip()[: QUOTE_LIMIT * 4]
         if head:
-            return _clip(head.splitlines()[0].rstrip())
+            return clip(head.splitlines()[0].rstrip())
     return ""
 
 

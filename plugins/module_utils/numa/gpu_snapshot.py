@@ -16,16 +16,16 @@ from typing import Optional
 from . import pci
 from .errors import SnapshotError
 from .files import write_file
-from .gpu import (
+from .gpu_records import (
     SNAPSHOT_FORMAT,
     SNAPSHOT_VERSION,
     SOURCE_NVIDIA_SMI,
     SOURCE_NVML,
     GpuState,
-    _address_key,
-    _clip,
-    _quote,
-    _sorted_warnings,
+    address_key,
+    clip,
+    quote,
+    sorted_warnings,
 )
 
 _SNAPSHOT_LIMIT = 64 << 20
@@ -167,26 +167,26 @@ def _check(value, schema: tuple, where: str, path: str) -> None:
         raise SnapshotError(path, f"{place} must be {expected[1]}, not {_json_type(value)}")
     if kind == "enum" and value not in schema[1]:
         choices = ", ".join(schema[1])
-        raise SnapshotError(path, f"{place} is {_quote(value)}; expected one of {choices}")
+        raise SnapshotError(path, f"{place} is {quote(value)}; expected one of {choices}")
     if kind == "address":
         try:
             pci.parse_address(value)
         except ValueError:
             raise SnapshotError(
-                path, f"{place}: {_quote(value)} is not a PCI address DDDD:BB:DD.F"
+                path, f"{place}: {quote(value)} is not a PCI address DDDD:BB:DD.F"
             ) from None
     if kind == "list":
         for index, item in enumerate(value):
             _check(item, schema[1], f"{where}[{index}]", path)
     elif kind == "map":
         for key, item in value.items():
-            _check(item, schema[1], f"{where}.{_clip(key)}", path)
+            _check(item, schema[1], f"{where}.{clip(key)}", path)
     elif kind == "obj":
         fields = schema[1]
         missing = [key for key in fields if key not in value and fields[key][0] != "maybe"]
         if missing:
             raise SnapshotError(path, f"{place} lacks {', '.join(missing)}")
-        extra = sorted(_quote(key) for key in value if key not in fields)
+        extra = sorted(quote(key) for key in value if key not in fields)
         if extra:
             raise SnapshotError(path, f"{place} has unknown key(s) {', '.join(extra)}")
         for key, item_schema in fields.items():
@@ -196,7 +196,7 @@ def _check(value, schema: tuple, where: str, path: str) -> None:
 def as_snapshot(state: GpuState) -> dict:
     """JSON-ready snapshot document of ``state`` (what ``snapshot_out`` writes)."""
     gpus = []
-    for address in sorted(state.gpus, key=_address_key):
+    for address in sorted(state.gpus, key=address_key):
         record = copy.deepcopy(state.gpus[address])
         record["address"] = address
         gpus.append(record)
@@ -207,7 +207,7 @@ def as_snapshot(state: GpuState) -> dict:
         "nvml": dict(state.nvml),
         "nvidia_smi": dict(state.nvidia_smi),
         "gpus": gpus,
-        "warnings": _sorted_warnings(state.warnings),
+        "warnings": sorted_warnings(state.warnings),
     }
 
 
@@ -216,13 +216,13 @@ def parse_snapshot(text: str, path: str) -> GpuState:
     try:
         doc = json.loads(text)
     except (ValueError, RecursionError) as exc:
-        raise SnapshotError(path, f"is not JSON ({_clip(str(exc))})") from None
+        raise SnapshotError(path, f"is not JSON ({clip(str(exc))})") from None
     if not isinstance(doc, dict) or doc.get("format") != SNAPSHOT_FORMAT:
         raise SnapshotError(path, f'is not a GPU snapshot (no "format": "{SNAPSHOT_FORMAT}")')
     if doc.get("version") != SNAPSHOT_VERSION:
         raise SnapshotError(
             path,
-            f"has version {_quote(doc.get('version'))}; this collection reads version "
+            f"has version {quote(doc.get('version'))}; this collection reads version "
             f"{SNAPSHOT_VERSION}",
         )
     _check(doc, _SNAPSHOT, "", path)

@@ -13,7 +13,14 @@ from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 from .errors import MigBackendError, MigError
-from .mig_holders import KIND_DAEMON, KIND_MODULE, foreign, holders_message, read_holders
+from .mig_holders import (
+    KIND_DAEMON,
+    KIND_MODULE,
+    foreign,
+    holders_message,
+    read_holders,
+    read_pid_unit,
+)
 from .units import check_path, escape_path, exec_line, header_lines, unit_document
 
 # Compute-instance profile ids by slice count: NVML_COMPUTE_INSTANCE_PROFILE_<N>_SLICE in nvml.h
@@ -591,22 +598,6 @@ def smi_command(action: Action) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # Processes, their units, and what blocks a GPU reset
-
-
-def read_pid_unit(procfs_root: str, pid: int) -> Optional[str]:
-    """The systemd service of ``pid`` (last ``.service`` in /proc/<pid>/cgroup), None if unknown."""
-    try:
-        with open(os.path.join(procfs_root, str(pid), "cgroup"), encoding="utf-8") as handle:
-            lines = handle.read().splitlines()
-    except (OSError, UnicodeDecodeError):
-        return None
-    lines.sort(key=lambda line: not line.startswith("0::"))  # the unified hierarchy first
-    for line in lines:
-        path = line.split(":", 2)[-1]
-        for part in reversed(path.split("/")):
-            if part.endswith(".service"):
-                return part
-    return None
 
 
 # What a holder that blocks a reset is told (DAEMONS' comm -> the fix); nv-fabricmanager does

@@ -15,7 +15,7 @@ knows: a monitoring agent, DCGM or a stale ``nvidia-smi`` hold it without being 
   nv-fabricmanager hold every GPU even when their descriptors cannot be read;
 - a loaded ``nvidia_drm`` module (``<sysfs_root>/module/nvidia_drm``) holds every GPU.
 
-A process's systemd unit comes from ``<procfs_root>/<pid>/cgroup`` (mig.read_pid_unit's rule),
+A process's systemd unit comes from ``<procfs_root>/<pid>/cgroup`` (read_pid_unit),
 so the MIG layer can stop units it owns and refuse the others.
 """
 
@@ -144,6 +144,22 @@ def _open_devices(fd_dir: str) -> list:
     return sorted(devices)
 
 
+def read_pid_unit(procfs_root: str, pid: int) -> Optional[str]:
+    """The systemd service of ``pid`` (last ``.service`` in /proc/<pid>/cgroup), None if unknown."""
+    try:
+        with open(os.path.join(procfs_root, str(pid), "cgroup"), encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    lines.sort(key=lambda line: not line.startswith("0::"))  # the unified hierarchy first
+    for line in lines:
+        path = line.split(":", 2)[-1]
+        for part in reversed(path.split("/")):
+            if part.endswith(".service"):
+                return part
+    return None
+
+
 def read_holders(
     procfs_root: str = "/proc",
     sysfs_root: str = "/sys",
@@ -156,8 +172,6 @@ def read_holders(
     that are not holders to report (the module's own process, which has NVML open). Unreadable
     entries are skipped (a process may exit while it is read); never raises.
     """
-    from .mig import read_pid_unit
-
     if minors is None:
         minors = read_gpu_minors(procfs_root)
     skip = {int(pid) for pid in exclude_pids}

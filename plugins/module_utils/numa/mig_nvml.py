@@ -15,7 +15,7 @@ import uuid
 from dataclasses import replace
 from typing import Optional
 
-from . import gpu as gpumod
+from . import gpu_nvml, gpu_records
 from .errors import MigBackendError, MigError
 from .files import read_text, write_file
 from .mig import (
@@ -153,7 +153,9 @@ class SnapshotBackend:
         A snapshot has no NVML index: GPUs get their position in PCI address order, the order
         NVML and nvidia-smi number them in. Processes are whole-GPU (no GPU instance known).
         """
-        state = gpumod.read_snapshot(self.path)
+        from . import gpu_snapshot  # imported only when a snapshot is read
+
+        state = gpu_snapshot.read_snapshot(self.path)
         out = []
         for index, address in enumerate(sorted(state.gpus)):
             record = state.gpus[address]
@@ -229,7 +231,7 @@ class NvmlBackend:
 
     def __init__(self, nvml) -> None:
         self.nvml = nvml
-        self.query = gpumod._Query(nvml)
+        self.query = gpu_nvml.NvmlQuery(nvml)
         self.handles: dict = {}
         self.profiles: dict = {}
         self.open = False
@@ -285,7 +287,7 @@ class NvmlBackend:
 
     def _read_one(self, index: int, handle, address: str) -> MigGpu:
         query = self.query
-        text = gpumod._text
+        text = gpu_records.clean_text
         uuid = text(query.attempt({}, "", "nvmlDeviceGetUUID", handle))
         name = text(query.attempt({}, "", "nvmlDeviceGetName", handle))
         modes = query.attempt({}, "", "nvmlDeviceGetMigMode", handle)
@@ -298,12 +300,12 @@ class NvmlBackend:
             miss: dict = {}
             memory = query.attempt(miss, "memory", "nvmlDeviceGetMemoryInfo", handle)
             total = int(memory.total) if memory is not None else None
-            raw = gpumod._read_gi_profiles(query, handle, total, miss)
+            raw = gpu_nvml.read_gi_profiles(query, handle, total, miss)
             if raw is not None:
                 profiles = _to_profiles([item[0] for item in raw])
                 self.profiles[address] = {p.id: p for p in profiles}
             if current == "enabled":
-                listed = gpumod._read_gpu_instances(query, handle, raw, miss)
+                listed = gpu_nvml.read_gpu_instances(query, handle, raw, miss)
                 for key in ("mig.supported_profiles", "mig.gpu_instances", "mig.compute_instances"):
                     if key in miss:
                         raise MigBackendError(
@@ -334,7 +336,7 @@ class NvmlBackend:
             handle = self._call(f"index {index}", "nvmlDeviceGetHandleByIndex", index)
             info = self._call(f"index {index}", "nvmlDeviceGetPciInfo", handle)
             try:
-                address = gpumod.normalise_bus_id(info.busId)
+                address = gpu_records.normalise_bus_id(info.busId)
             except ValueError as exc:
                 raise MigBackendError(
                     f"index {index}", "nvmlDeviceGetPciInfo", str(exc), "Check the driver"

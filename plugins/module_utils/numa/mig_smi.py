@@ -18,7 +18,7 @@ import re
 from typing import Callable, Optional
 from xml.etree import ElementTree
 
-from . import gpu
+from . import gpu_records, gpu_smi
 from .errors import CommandOutputError
 from .mig import (
     CI_PROFILE_IDS,
@@ -97,7 +97,7 @@ def _first_line(out: str, err: str) -> str:
     for text in (err, out):
         for line in (text or "").splitlines():
             if line.strip():
-                return gpu._clip(line.strip())
+                return gpu_records.clip(line.strip())
     return "no output"
 
 
@@ -255,7 +255,7 @@ def parse_created_compute_instance(text: str) -> tuple:
 def parse_xml_mig_extras(text: str) -> dict:
     """{address: {architecture, mig_devices {index: (gi, ci, uuid)}, processes}} from -q -x.
 
-    What ``gpu.parse_nvidia_smi_xml`` does not keep: ``product_architecture`` (lower case,
+    What ``gpu_smi.parse_nvidia_smi_xml`` does not keep: ``product_architecture`` (lower case,
     spaces as ``_``), each ``<mig_device>``'s index with its GPU/compute instance ids (and
     ``<uuid>`` where the driver prints one) and each process's GPU instance id (None = N/A).
     Raises CommandOutputError when the text is not XML.
@@ -264,13 +264,13 @@ def parse_xml_mig_extras(text: str) -> dict:
         root = ElementTree.fromstring(text)
     except (ElementTree.ParseError, ValueError, LookupError) as exc:
         raise CommandOutputError(
-            gpu.NVIDIA_SMI_COMMAND, f"output is not XML ({gpu._clip(str(exc))})"
+            gpu_records.NVIDIA_SMI_COMMAND, f"output is not XML ({gpu_records.clip(str(exc))})"
         ) from None
     extras: dict = {}
     for element in root.findall("gpu"):
         raw = element.get("id") or element.findtext("pci/pci_bus_id") or ""
         try:
-            address = gpu.normalise_bus_id(raw)
+            address = gpu_records.normalise_bus_id(raw)
         except ValueError:
             continue
         arch = (element.findtext("product_architecture") or "").strip()
@@ -470,7 +470,7 @@ class SmiBackend:
         command = [self.nvidia_smi, "-q", "-x"]
         out, dummy = self._run("(all)", command)
         try:
-            state = gpu.parse_nvidia_smi_xml(out)
+            state = gpu_smi.parse_nvidia_smi_xml(out)
             extras = parse_xml_mig_extras(out)
         except CommandOutputError as exc:
             raise MigBackendError(
@@ -479,7 +479,7 @@ class SmiBackend:
         listing, dummy = self._run("(all)", [self.nvidia_smi, "-L"])
         by_uuid = {entry["uuid"]: entry for entry in parse_list_gpus(listing)}
         result = []
-        for address in sorted(state.gpus, key=gpu._address_key):
+        for address in sorted(state.gpus, key=gpu_records.address_key):
             record = state.gpus[address]
             listed = by_uuid.get(record.get("uuid"))
             mig = record.get("mig") or {}

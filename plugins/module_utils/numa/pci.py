@@ -9,8 +9,9 @@ from dataclasses import dataclass, replace
 from typing import Optional
 
 from .cpulist import parse_cpulist, parse_cpumask
+from .frozen import frozen_builder
 from .sysfs import Reader
-from .topology import as_plain, frozen_builder
+from .topology import as_plain
 
 PCI_DIR = ("bus", "pci", "devices")
 # PCI addresses: domain (16 bits usually, 32 bits on VMD/Hyper-V hosts), bus, device, function.

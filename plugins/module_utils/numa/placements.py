@@ -16,6 +16,7 @@ from typing import Optional, Union
 
 from .cpulist import parse_cpulist
 from .errors import CpulistError, PlacementError
+from .frozen import frozen_builder
 from .limits import Limits, parse_limits
 
 PLACEMENT_KEYS = (
@@ -164,6 +165,10 @@ class Placement:
         return f"{PLACEMENTS_VAR}[{self.index}] ({self.name})"
 
 
+# Placement(...) without the frozen __init__'s setattr per field (frozen.py).
+_placement_record = frozen_builder(Placement)
+
+
 @dataclass(frozen=True)
 class MigInstance:
     """One GPU instance of a declared MIG layout: profile name, start (None: any), CI profile."""
@@ -199,19 +204,6 @@ class Tenant:
 class Policy:
     reserved_cpus: tuple
     memory_headroom_pct: int
-
-
-def _frozen(cls, fields: dict):
-    """An instance of frozen dataclass cls holding fields, a dict of all of them (no defaults).
-
-    The generated __init__ of a frozen dataclass sets every field through
-    object.__setattr__, which costs a third of the time of parsing a placement; the object
-    made here is the same (equal, hashable, still frozen). fields is a dict rather than
-    keyword arguments because packing 22 keyword arguments costs as much again.
-    """
-    instance = object.__new__(cls)
-    instance.__dict__.update(fields)
-    return instance
 
 
 def _fail(host: str, message: str) -> PlacementError:
@@ -631,32 +623,13 @@ def _placement(host: str, index: int, entry, tenants: set) -> Placement:
             f"{where}.tenant: {tenant!r} is not in {TENANTS_VAR} ({known}); "
             f"add it to {TENANTS_VAR} or fix the name",
         )
-    exec_text = entry.get("exec")
-    if exec_text.__class__ is str and entry.get("unit") is None:
-        # An exec placement (most are): what _identity checks for one, without its call.
-        argv = _split_exec(host, where, exec_text)
-        unit, user, group = None, entry.get("user"), entry.get("group")
-        if user is not None and (not isinstance(user, str) or not _USER.match(user)):
-            raise _fail(host, f"{where}.user: {user!r} is not a valid user name; write e.g. llm")
-        if group is not None and (not isinstance(group, str) or not _USER.match(group)):
-            raise _fail(host, f"{where}.group: {group!r} is not a valid group name; write e.g. llm")
-    else:
-        exec_text, argv, unit, user, group = _identity(host, where, entry)
+    exec_text, argv, unit, user, group = _identity(host, where, entry)
     description = entry.get("description")
     if description is None:
         description = f"numafleet placement {name}"
     _check_text(host, where, "description", description)
-    gpus = entry.get("gpus")
-    if gpus is None:
-        gpu_count, gpu_ids = 0, None
-    elif gpus.__class__ is int and gpus >= 0:
-        gpu_count, gpu_ids = gpus, None
-    else:
-        gpu_count, gpu_ids = _gpus(host, where, gpus)
-    cpus = entry.get("cpus")
-    cpu_count, cpu_list = (
-        (cpus, None) if cpus.__class__ is int and cpus >= 1 else _cpus(host, where, cpus)
-    )
+    gpu_count, gpu_ids = _gpus(host, where, entry.get("gpus"))
+    cpu_count, cpu_list = _cpus(host, where, entry.get("cpus"))
     node = entry.get("node")
     if node is not None and (not _is_int(node) or node < 0):
         raise _fail(host, f"{where}.node: {node!r} is not a NUMA node id; write e.g. node: 0")
@@ -693,37 +666,32 @@ def _placement(host: str, index: int, entry, tenants: set) -> Placement:
         )
     hugepages, environment = entry.get("hugepages"), entry.get("environment")
     allow_span, hardening = entry.get("allow_span"), entry.get("hardening")
-    return _frozen(
-        Placement,
-        {
-            "index": index,
-            "name": name,
-            "tenant": tenant,
-            "exec": exec_text,
-            "argv": argv,
-            "unit": unit,
-            "user": user,
-            "group": group,
-            "description": description,
-            "gpu_count": gpu_count,
-            "gpu_ids": gpu_ids,
-            "cpu_count": cpu_count,
-            "cpu_list": cpu_list,
-            "node": node,
-            "near": None if near is None else _near(host, where, near),
-            "memory_kb": memory_kb,
-            "hugepages": None if hugepages is None else _hugepages(host, where, hugepages),
-            "environment": () if environment is None else _environment(host, where, environment),
-            "mig_profile": None if mig_profile is None else mig_profile.strip(),
-            "mps": mps,
-            "allow_span": (
-                False if allow_span is None else _bool(host, where, "allow_span", allow_span, False)
-            ),
-            "hardening": (
-                None if hardening is None else _bool(host, where, "hardening", hardening, None)
-            ),
-            "limits": parse_limits(host, where, entry, memory_kb),
-        },
+    return _placement_record(
+        index=index,
+        name=name,
+        tenant=tenant,
+        exec=exec_text,
+        argv=argv,
+        unit=unit,
+        user=user,
+        group=group,
+        description=description,
+        gpu_count=gpu_count,
+        gpu_ids=gpu_ids,
+        cpu_count=cpu_count,
+        cpu_list=cpu_list,
+        node=node,
+        near=None if near is None else _near(host, where, near),
+        memory_kb=memory_kb,
+        hugepages=None if hugepages is None else _hugepages(host, where, hugepages),
+        environment=() if environment is None else _environment(host, where, environment),
+        mig_profile=None if mig_profile is None else mig_profile.strip(),
+        mps=mps,
+        allow_span=(
+            False if allow_span is None else _bool(host, where, "allow_span", allow_span, False)
+        ),
+        hardening=None if hardening is None else _bool(host, where, "hardening", hardening, None),
+        limits=parse_limits(host, where, entry, memory_kb),
     )
 
 

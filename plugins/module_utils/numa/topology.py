@@ -10,6 +10,7 @@ from typing import Optional
 
 from . import cmdline, osrelease, packages
 from .cpulist import format_cpulist, parse_cpulist, parse_cpumask
+from .frozen import frozen_builder
 from .memnodes import drop_cpu_gpu_owners, memory_kinds, node_memory_fields
 from .sysfs import Reader
 
@@ -31,30 +32,6 @@ _MEMINFO_RE = re.compile(r"^(?:Node\s+\d+\s+)?([A-Za-z0-9_()]+):\s+(\d+)(?:\s+kB
 # ACPI SLIT / device-tree distances as Linux accepts them: 10 to itself, 11-255 to any other.
 LOCAL_DISTANCE = 10
 MAX_DISTANCE = 255
-
-
-def frozen_builder(cls):
-    """A constructor of the frozen dataclass ``cls`` taking every field by keyword, that makes
-    the same object as ``cls(...)`` at a third of the cost.
-
-    A frozen dataclass's __init__ sets each field through object.__setattr__; this fills the
-    instance's __dict__ in one go. Only for classes whose fields all go through __init__ and
-    that have no __post_init__; any other set of keywords is left to ``cls(...)`` itself.
-    """
-    every = fields(cls)
-    if not all(item.init for item in every) or hasattr(cls, "__post_init__"):
-        return cls
-    names = frozenset(item.name for item in every)
-    make = object.__new__
-
-    def build(**values):
-        if values.keys() != names:
-            return cls(**values)
-        made = make(cls)
-        made.__dict__.update(values)
-        return made
-
-    return build
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import trees  # tests/unit/fixtures/trees.py (on sys.path through tests/unit/con
 from ansible.errors import AnsibleActionFail
 
 from ansible_collections.numafleet.tuning.plugins.action.numa_plan import ActionModule
-from ansible_collections.numafleet.tuning.plugins.module_utils.numa import gpu
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import gpu, gpu_snapshot
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.sysfs import Reader
 
 SYSFS = Path(__file__).resolve().parents[2] / "fixtures" / "sysfs"
@@ -26,7 +26,7 @@ A100 = "synthetic-2x6338-4xa100"
 def a100_facts(fixture_root):
     numa = json.loads((SYSFS / f"{A100}.numa.json").read_text(encoding="utf-8"))
     root = fixture_root(A100)
-    state = gpu.read_snapshot(str(trees.GPU_SNAPSHOT_DIR / f"{A100}.json"))
+    state = gpu_snapshot.read_snapshot(str(trees.GPU_SNAPSHOT_DIR / f"{A100}.json"))
     topology = gpu.read_gpu_topology(Reader(f"{root}/sys", f"{root}/proc"), state)
     return {"numa": numa, "gpu_topology": json.loads(json.dumps(topology))}
 

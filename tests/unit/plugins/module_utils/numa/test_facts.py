@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from ansible_collections.numafleet.tuning.plugins.module_utils.numa import facts, gpu
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import facts, gpu, gpu_snapshot
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.sysfs import Reader
 
 SNAPSHOT = os.path.join(
@@ -46,7 +46,7 @@ def test_gpu_facts_are_those_of_a_fresh_reader(fixture_root):
         params(root, gpu=True, gpu_snapshot=SNAPSHOT), False, refuse, lambda name: None, refuse
     )
     alone = gpu.read_gpu_topology(
-        Reader(f"{root}/sys", f"{root}/proc"), gpu.read_snapshot(SNAPSHOT)
+        Reader(f"{root}/sys", f"{root}/proc"), gpu_snapshot.read_snapshot(SNAPSHOT)
     )
     assert got["gpu_topology"] == alone and written is False
 

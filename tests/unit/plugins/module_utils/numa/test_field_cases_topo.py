@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa import (
     gpu,
+    gpu_snapshot,
     hugepages,
     osrelease,
     packages,
@@ -52,7 +53,7 @@ def facts_of(root: str) -> dict:
 def gpus_of(root: str, machine: str) -> dict:
     snapshot = trees.GPU_SNAPSHOT_DIR / f"{machine}.json"
     state = (
-        gpu.read_snapshot(str(snapshot))
+        gpu_snapshot.read_snapshot(str(snapshot))
         if snapshot.is_file()
         else gpu.nvml_unavailable("no snapshot in the fixtures")
     )

@@ -23,7 +23,12 @@ import fake_nvml as fake  # noqa: E402
 import make_snapshots  # noqa: E402
 import trees  # noqa: E402
 
-from ansible_collections.numafleet.tuning.plugins.module_utils.numa import gpu  # noqa: E402
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import (  # noqa: E402
+    gpu,
+    gpu_nvml,
+    gpu_smi,
+    gpu_snapshot,
+)
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import (  # noqa: E402
     CommandOutputError,
     SnapshotError,
@@ -115,7 +120,7 @@ def test_mig_memory_gb_needs_the_gpu_total():
 
 def test_nvml_enriches_every_gpu_and_sysfs_keeps_the_locality(tmp_path):
     nvml = fake.FakeNvml(a100_fleet())
-    facts = facts_of("synthetic-2x6338-4xa100", tmp_path, gpu.read_nvml(nvml))
+    facts = facts_of("synthetic-2x6338-4xa100", tmp_path, gpu_nvml.read_nvml(nvml))
     assert facts["nvml"] == {"available": True, "reason": None, "driver_version": "560.35.03"}
     assert facts["nvidia_smi"]["used"] is False
     assert facts["warnings"] == []
@@ -138,7 +143,7 @@ def test_nvml_enriches_every_gpu_and_sysfs_keeps_the_locality(tmp_path):
 
 def test_mig_enabled_gpu_lists_instances_profiles_and_mig_device_uuids(tmp_path):
     facts = facts_of(
-        "synthetic-2x6338-4xa100", tmp_path, gpu.read_nvml(fake.FakeNvml(a100_fleet()))
+        "synthetic-2x6338-4xa100", tmp_path, gpu_nvml.read_nvml(fake.FakeNvml(a100_fleet()))
     )
     mig = by_address(facts)["0000:17:00.0"]["mig"]
     assert (mig["mode_current"], mig["mode_pending"]) == ("enabled", "enabled")
@@ -176,7 +181,7 @@ def test_mig_enabled_gpu_lists_instances_profiles_and_mig_device_uuids(tmp_path)
 
 
 def test_mig_disabled_gpu_has_no_instances_and_profiles_only_if_nvml_lists_them(tmp_path):
-    cautious = gpu.read_nvml(fake.FakeNvml(a100_fleet(), profiles_need_mig=True))
+    cautious = gpu_nvml.read_nvml(fake.FakeNvml(a100_fleet(), profiles_need_mig=True))
     cautious = cautious.gpus["0000:31:00.0"]
     assert cautious["mig"]["mode_current"] == "disabled"
     assert cautious["mig"]["gpu_instances"] == []
@@ -184,7 +189,7 @@ def test_mig_disabled_gpu_has_no_instances_and_profiles_only_if_nvml_lists_them(
     assert cautious["unavailable"]["mig.supported_profiles"] == (
         "nvmlDeviceGetGpuInstanceProfileInfo: Not Supported"
     )
-    listing = gpu.read_nvml(fake.FakeNvml(a100_fleet()))  # as driver 580 on an H200 does
+    listing = gpu_nvml.read_nvml(fake.FakeNvml(a100_fleet()))  # as driver 580 on an H200 does
     record = listing.gpus["0000:31:00.0"]
     assert [p["id"] for p in record["mig"]["supported_profiles"]] == [19, 20, 15, 14, 9, 5, 0]
     assert record["mig"]["gpu_instances"] == []
@@ -192,7 +197,7 @@ def test_mig_disabled_gpu_has_no_instances_and_profiles_only_if_nvml_lists_them(
 
 def test_gpu_without_mig_or_nvlink_reports_null_with_reasons():
     l40s = make_snapshots.fleet()["synthetic-epyc-nps4"]
-    record = gpu.read_nvml(fake.FakeNvml(l40s)).gpus["0000:41:00.0"]
+    record = gpu_nvml.read_nvml(fake.FakeNvml(l40s)).gpus["0000:41:00.0"]
     assert record["mig"] is None
     assert record["unavailable"]["mig"] == "nvmlDeviceGetMigMode: Not Supported"
     assert record["nvlink_peers"] is None and record["nvlink_switches"] is None
@@ -213,7 +218,7 @@ LIB_NOT_FOUND = pynvml.NVML_ERROR_LIBRARY_NOT_FOUND
 )
 def test_failing_init_makes_nvml_unavailable_with_its_reason(tmp_path, code, message):
     nvml = fake.FakeNvml(a100_fleet(), init_error=code)
-    state = gpu.read_nvml(nvml)
+    state = gpu_nvml.read_nvml(nvml)
     assert state.nvml == {
         "available": False,
         "reason": f"nvmlInit failed: {message}",
@@ -239,7 +244,7 @@ def test_failing_init_makes_nvml_unavailable_with_its_reason(tmp_path, code, mes
     ],
 )  # fmt: skip
 def test_each_nvml_error_costs_only_its_own_value(function, code, field, reason):
-    state = gpu.read_nvml(fake.FakeNvml(a100_fleet(failures={function: code})))
+    state = gpu_nvml.read_nvml(fake.FakeNvml(a100_fleet(failures={function: code})))
     record = state.gpus["0000:17:00.0"]
     assert record[field] is None
     assert record["unavailable"][field] == f"{function}: {reason}"
@@ -249,12 +254,12 @@ def test_each_nvml_error_costs_only_its_own_value(function, code, field, reason)
 
 
 def test_unknown_memory_leaves_profile_names_to_the_driver():
-    state = gpu.read_nvml(
+    state = gpu_nvml.read_nvml(
         fake.FakeNvml(a100_fleet(failures={"nvmlDeviceGetMemoryInfo": pynvml.NVML_ERROR_UNKNOWN}))
     )
     names = [p["name"] for p in state.gpus["0000:17:00.0"]["mig"]["supported_profiles"]]
     assert names[0] == "1g.10gb"  # from the v2 struct's name
-    nameless = gpu.read_nvml(
+    nameless = gpu_nvml.read_nvml(
         fake.FakeNvml(
             a100_fleet(failures={"nvmlDeviceGetMemoryInfo": pynvml.NVML_ERROR_UNKNOWN}),
             driver_profile_names=False,
@@ -265,7 +270,7 @@ def test_unknown_memory_leaves_profile_names_to_the_driver():
 
 def test_functions_missing_from_an_old_nvidia_ml_py_are_reasons_not_crashes():
     missing = ("nvmlDeviceGetNumaNodeId", "nvmlDeviceGetMaxMigDeviceCount")
-    state = gpu.read_nvml(fake.FakeNvml(a100_fleet(), missing=missing))
+    state = gpu_nvml.read_nvml(fake.FakeNvml(a100_fleet(), missing=missing))
     record = state.gpus["0000:17:00.0"]
     assert (
         "nvmlDeviceGetNumaNodeId is missing from this nvidia-ml-py"
@@ -279,7 +284,7 @@ def test_a_gpu_nvml_cannot_open_is_a_warning_and_sysfs_still_lists_it(tmp_path):
     gpus = a100_fleet()
     gpus[1].failures = {"nvmlDeviceGetHandleByIndex": pynvml.NVML_ERROR_GPU_IS_LOST}
     nvml = fake.FakeNvml(gpus)
-    facts = facts_of("synthetic-2x6338-4xa100", tmp_path, gpu.read_nvml(nvml))
+    facts = facts_of("synthetic-2x6338-4xa100", tmp_path, gpu_nvml.read_nvml(nvml))
     assert {"path": "nvml:device1", "reason": "nvmlDeviceGetHandleByIndex: GPU is lost"} in facts[
         "warnings"
     ]
@@ -296,11 +301,15 @@ def test_a_gpu_nvml_cannot_open_is_a_warning_and_sysfs_still_lists_it(tmp_path):
 
 def test_processes_join_compute_and_graphics_and_survive_one_failing():
     gpus = a100_fleet(compute_pids=(4711, 815), graphics_pids=(815, 99))
-    assert gpu.read_nvml(fake.FakeNvml(gpus)).gpus["0000:17:00.0"]["processes"] == [99, 815, 4711]
+    assert gpu_nvml.read_nvml(fake.FakeNvml(gpus)).gpus["0000:17:00.0"]["processes"] == [
+        99,
+        815,
+        4711,
+    ]
     gpus[0].failures = {"nvmlDeviceGetGraphicsRunningProcesses": pynvml.NVML_ERROR_NOT_SUPPORTED}
-    assert gpu.read_nvml(fake.FakeNvml(gpus)).gpus["0000:17:00.0"]["processes"] == [815, 4711]
+    assert gpu_nvml.read_nvml(fake.FakeNvml(gpus)).gpus["0000:17:00.0"]["processes"] == [815, 4711]
     gpus[0].failures["nvmlDeviceGetComputeRunningProcesses"] = pynvml.NVML_ERROR_NO_PERMISSION
-    record = gpu.read_nvml(fake.FakeNvml(gpus)).gpus["0000:17:00.0"]
+    record = gpu_nvml.read_nvml(fake.FakeNvml(gpus)).gpus["0000:17:00.0"]
     assert record["processes"] is None
     assert record["unavailable"]["processes"] == (
         "nvmlDeviceGetComputeRunningProcesses: Insufficient Permissions; "
@@ -330,7 +339,7 @@ def test_direct_nvlink_bridges_pair_gpus_without_switches():
     gpus[1].nvlinks = (fake.FakeLink("00000000:17:00.0"),) * 4 + (
         fake.FakeLink("x", active=False),
     ) * 8
-    state = gpu.read_nvml(fake.FakeNvml(gpus))
+    state = gpu_nvml.read_nvml(fake.FakeNvml(gpus))
     assert state.gpus["0000:17:00.0"]["nvlink_peers"] == ["0000:31:00.0"]
     assert state.gpus["0000:31:00.0"]["nvlink_peers"] == ["0000:17:00.0"]
     assert state.gpus["0000:b1:00.0"]["nvlink_peers"] == []
@@ -393,7 +402,7 @@ def test_a30_profiles_and_instances_match_the_recorded_nvidia_smi_output():
         ),
     )
     # Names derived from slices and memory (driver_profile_names=False), as for old drivers.
-    state = gpu.read_nvml(fake.FakeNvml([a30], driver_profile_names=False))
+    state = gpu_nvml.read_nvml(fake.FakeNvml([a30], driver_profile_names=False))
     mig = state.gpus["0000:d8:00.0"]["mig"]
     got = {
         p["name"]: (p["id"], p["max_count"], round(p["memory_mib"] / 1024, 2))
@@ -461,7 +470,7 @@ def test_partition_reader_skips_platform_cards_and_tolerates_missing_files(tmp_p
 
 
 def test_recorded_h100_xml_parses_to_the_values_of_the_text_recording():
-    state = gpu.parse_nvidia_smi_xml(H100_XML.read_text(encoding="utf-8"))
+    state = gpu_smi.parse_nvidia_smi_xml(H100_XML.read_text(encoding="utf-8"))
     assert state.source == "nvidia-smi"
     assert state.nvidia_smi == {"used": True, "reason": None, "driver_version": "560.35.03"}
     assert list(state.gpus) == ["0000:db:00.0"]
@@ -537,7 +546,7 @@ MIG_XML = """<?xml version="1.0" ?>
 
 
 def test_xml_mig_devices_processes_and_not_available_values():
-    state = gpu.parse_nvidia_smi_xml(MIG_XML)
+    state = gpu_smi.parse_nvidia_smi_xml(MIG_XML)
     a100, l40s = state.gpus["0000:17:00.0"], state.gpus["0000:41:00.0"]
     assert (a100["mig"]["mode_current"], a100["mig"]["mode_pending"]) == ("enabled", "disabled")
     assert [
@@ -579,7 +588,7 @@ ODD_XML = """<?xml version="1.0" ?>
 
 
 def test_odd_nvidia_smi_values_are_null_with_reasons_and_survive_a_snapshot(tmp_path):
-    state = gpu.parse_nvidia_smi_xml(ODD_XML)
+    state = gpu_smi.parse_nvidia_smi_xml(ODD_XML)
     odd, other = state.gpus["0000:17:00.0"], state.gpus["0000:31:00.0"]
     assert (odd["persistence_mode"], odd["compute_mode"], odd["mig"]) == (None, None, None)
     assert odd["unavailable"]["persistence_mode"] == (
@@ -602,8 +611,8 @@ def test_odd_nvidia_smi_values_are_null_with_reasons_and_survive_a_snapshot(tmp_
     assert entry["persistence_mode"] is None and "persistence_mode" not in entry["sources"]
     assert entry["unavailable"]["persistence_mode"].startswith("nvidia-smi: persistence_mode")
     path = tmp_path / "odd.json"
-    gpu.write_snapshot(str(path), state)
-    again = gpu.read_snapshot(str(path))
+    gpu_snapshot.write_snapshot(str(path), state)
+    again = gpu_snapshot.read_snapshot(str(path))
     assert again.gpus == state.gpus
 
 
@@ -621,7 +630,7 @@ def test_odd_nvidia_smi_values_are_null_with_reasons_and_survive_a_snapshot(tmp_
 )
 def test_output_that_is_not_nvidia_smi_xml_is_refused(text, message):
     with pytest.raises(CommandOutputError, match=re.escape(message)) as err:
-        gpu.parse_nvidia_smi_xml(text)
+        gpu_smi.parse_nvidia_smi_xml(text)
     assert str(err.value).startswith("nvidia-smi -q -x: ")
 
 
@@ -715,7 +724,7 @@ def test_messages_quote_at_most_80_characters_of_a_file_or_an_output():
         f"<fb_memory_usage><total>{long}</total></fb_memory_usage>"
         f"<compute_mode>[{long}]</compute_mode></gpu></nvidia_smi_log>"
     )
-    state = gpu.parse_nvidia_smi_xml(xml)
+    state = gpu_smi.parse_nvidia_smi_xml(xml)
     quoted = f"'{'E' * 80}...'"
     assert state.warnings[0]["reason"] == f"{quoted} is not a PCI bus id like 00000000:DB:00.0"
     miss = state.gpus["0000:17:00.0"]["unavailable"]
@@ -727,7 +736,7 @@ def test_messages_quote_at_most_80_characters_of_a_file_or_an_output():
     doc = good_doc()
     doc["gpus"][0]["mig"]["mode_current"] = long
     with pytest.raises(SnapshotError) as err:
-        gpu.parse_snapshot(json.dumps(doc), "/srv/host.json")
+        gpu_snapshot.parse_snapshot(json.dumps(doc), "/srv/host.json")
     assert f"gpus[0].mig.mode_current is {quoted}; expected one of" in str(err.value)
     assert len(str(err.value)) < 300
     for change, where in (
@@ -737,7 +746,7 @@ def test_messages_quote_at_most_80_characters_of_a_file_or_an_output():
         (_set(["gpus", 0, "unavailable", long], 3), "gpus[0].unavailable.EEE"),
     ):
         with pytest.raises(SnapshotError) as err:
-            gpu.parse_snapshot(json.dumps(change(good_doc())), "/srv/host.json")
+            gpu_snapshot.parse_snapshot(json.dumps(change(good_doc())), "/srv/host.json")
         assert where in str(err.value) and len(str(err.value)) < 300, str(err.value)[:300]
 
 
@@ -765,11 +774,11 @@ def test_gpu_state_modes():
 def test_snapshot_round_trip_and_snapshot_facts(tmp_path):
     state = make_snapshots.state("synthetic-2x6338-4xa100")
     path = tmp_path / "gpu.json"
-    gpu.write_snapshot(str(path), state)
-    again = gpu.read_snapshot(str(path))
+    gpu_snapshot.write_snapshot(str(path), state)
+    again = gpu_snapshot.read_snapshot(str(path))
     assert again.gpus == state.gpus
     assert (again.nvml, again.nvidia_smi, again.source) == (state.nvml, state.nvidia_smi, "nvml")
-    assert gpu.as_snapshot(again) == gpu.as_snapshot(state)
+    assert gpu_snapshot.as_snapshot(again) == gpu_snapshot.as_snapshot(state)
     live = facts_of("synthetic-2x6338-4xa100", tmp_path, state)
     replayed = facts_of("synthetic-2x6338-4xa100", tmp_path, again)
     assert replayed["snapshot"] == {"path": str(path), "recorded_from": "nvml"}
@@ -790,7 +799,7 @@ def test_snapshot_files_are_current_and_match_their_trees(tmp_path, machine):
     assert path.read_text(encoding="utf-8") == make_snapshots.render(machine), (
         f"{path.name} is stale: run {Path(make_snapshots.__file__).relative_to(UNIT.parents[1])}"
     )
-    facts = facts_of(machine, tmp_path, gpu.read_snapshot(str(path)))
+    facts = facts_of(machine, tmp_path, gpu_snapshot.read_snapshot(str(path)))
     assert facts["warnings"] == []
     assert [entry["address"] for entry in facts["gpus"]] == trees.GPU_ADDRESSES[machine]
     assert all(entry["sources"]["uuid"] == "snapshot" for entry in facts["gpus"])
@@ -852,7 +861,7 @@ def test_bad_snapshots_are_refused_with_a_message_naming_file_and_place(case, ch
     doc = change(good_doc())
     text = doc if isinstance(doc, str) else json.dumps(doc)
     with pytest.raises(SnapshotError) as err:
-        gpu.parse_snapshot(text, "/srv/host.json")
+        gpu_snapshot.parse_snapshot(text, "/srv/host.json")
     assert message in str(err.value)
     assert str(err.value).startswith("GPU snapshot /srv/host.json: ")
     assert str(err.value).endswith("snapshot_out=PATH on the host.")
@@ -861,14 +870,14 @@ def test_bad_snapshots_are_refused_with_a_message_naming_file_and_place(case, ch
 
 def test_snapshot_files_that_cannot_be_read_or_written(tmp_path):
     with pytest.raises(SnapshotError, match="cannot be read \\(No such file or directory\\)"):
-        gpu.read_snapshot(str(tmp_path / "missing.json"))
+        gpu_snapshot.read_snapshot(str(tmp_path / "missing.json"))
     binary = tmp_path / "binary.json"
     binary.write_bytes(b"\xff\xfe{}")
     with pytest.raises(SnapshotError, match="is not UTF-8 text"):
-        gpu.read_snapshot(str(binary))
+        gpu_snapshot.read_snapshot(str(binary))
     target = tmp_path / "no-such-dir" / "out.json"
     with pytest.raises(SnapshotError) as err:
-        gpu.write_snapshot(str(target), make_snapshots.state("synthetic-gh200"))
+        gpu_snapshot.write_snapshot(str(target), make_snapshots.state("synthetic-gh200"))
     assert str(err.value) == (
         f"GPU snapshot {target}: cannot be written (No such file or directory). Make sure the "
         f"directory of snapshot_out ({target.parent}) exists and is writable on the host, and "
@@ -904,7 +913,7 @@ def test_snapshot_that_is_not_a_regular_file_is_refused_unopened(tmp_path, kind)
     else:
         path = Path(os.devnull)
     with pytest.raises(SnapshotError) as err:
-        gpu.read_snapshot(str(path))
+        gpu_snapshot.read_snapshot(str(path))
     assert str(err.value) == (
         f"GPU snapshot {path}: is not a regular file (it is a {kind}). Point snapshot at a JSON "
         "file written by numafleet.tuning.gpu_topology_facts snapshot_out=PATH."
@@ -1038,7 +1047,10 @@ def test_gather_runs_nvidia_smi_with_argv_under_timeout_and_loads_no_nvml_with_a
     )
     assert written is True and loaded == [True] and len(ran) == 1
     assert facts["snapshot"]["path"] == str(SNAPSHOTS / "synthetic-8xh100-2s.json")
-    assert gpu.read_snapshot(str(out)).gpus == gpu.read_snapshot(facts["snapshot"]["path"]).gpus
+    assert (
+        gpu_snapshot.read_snapshot(str(out)).gpus
+        == gpu_snapshot.read_snapshot(facts["snapshot"]["path"]).gpus
+    )
     facts, written = gpu.gather_gpu_topology(
         Reader(f"{root}/sys", f"{root}/proc"),
         runner,
@@ -1066,7 +1078,7 @@ def test_snapshot_out_is_never_written_through_a_link_and_has_mode_0644(tmp_path
     (tmp_path / f".out.json.{os.getpid()}.tmp").symlink_to(theirs)
     old = os.umask(mask)
     try:
-        gpu.write_snapshot(str(target), make_snapshots.state("synthetic-gh200"))
+        gpu_snapshot.write_snapshot(str(target), make_snapshots.state("synthetic-gh200"))
     finally:
         os.umask(old)
     assert theirs.read_text() == "theirs\n" and not target.is_symlink()
@@ -1079,13 +1091,13 @@ def test_a_gpu_instance_may_be_marked_rendered_and_nothing_else():
     doc = good_doc()
     instance = doc["gpus"][0]["mig"]["gpu_instances"][0]
     assert "rendered" not in instance
-    gpu.parse_snapshot(json.dumps(doc), "/srv/host.json")
+    gpu_snapshot.parse_snapshot(json.dumps(doc), "/srv/host.json")
     instance["rendered"] = True
-    state = gpu.parse_snapshot(json.dumps(doc), "/srv/host.json")
+    state = gpu_snapshot.parse_snapshot(json.dumps(doc), "/srv/host.json")
     assert state.gpus["0000:17:00.0"]["mig"]["gpu_instances"][0]["rendered"] is True
     instance["rendered"] = "yes"
     with pytest.raises(SnapshotError) as err:
-        gpu.parse_snapshot(json.dumps(doc), "/srv/host.json")
+        gpu_snapshot.parse_snapshot(json.dumps(doc), "/srv/host.json")
     assert "gpus[0].mig.gpu_instances[0].rendered must be true or false, not a string" in str(
         err.value
     )

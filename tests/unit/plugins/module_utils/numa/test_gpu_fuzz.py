@@ -20,7 +20,11 @@ if str(UNIT / "fixtures" / "gpu_snapshots") not in sys.path:
 
 import make_snapshots  # noqa: E402
 
-from ansible_collections.numafleet.tuning.plugins.module_utils.numa import gpu  # noqa: E402
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import (  # noqa: E402
+    gpu,
+    gpu_smi,
+    gpu_snapshot,
+)
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import (  # noqa: E402
     CommandOutputError,
     NumaTuneError,
@@ -56,7 +60,7 @@ PATHS = [path for path in _paths(GOOD) if path]
 
 def _parse_snapshot(text):
     try:
-        gpu.parse_snapshot(text, "fuzz.json")
+        gpu_snapshot.parse_snapshot(text, "fuzz.json")
     except SnapshotError as exc:
         message = str(exc)
     else:
@@ -116,7 +120,7 @@ def elements(draw, depth=0):
 
 def _parse_xml(text):
     try:
-        state = gpu.parse_nvidia_smi_xml(text)
+        state = gpu_smi.parse_nvidia_smi_xml(text)
     except CommandOutputError as exc:
         message = str(exc)
     else:
@@ -128,7 +132,7 @@ def _parse_xml(text):
         assert gpu.normalise_bus_id(address) == address
         assert set(record) == {*gpu.ENRICHED_FIELDS, "unavailable"}
     # Whatever nvidia-smi printed, snapshot_out must write a snapshot that reads back.
-    again = gpu.parse_snapshot(json.dumps(gpu.as_snapshot(state)), "fuzz.json")
+    again = gpu_snapshot.parse_snapshot(json.dumps(gpu_snapshot.as_snapshot(state)), "fuzz.json")
     assert again.gpus == state.gpus
 
 
@@ -167,7 +171,7 @@ def test_bytes_that_are_not_utf8_snapshots_raise_snapshot_error(tmp_path_factory
     path = tmp_path_factory.mktemp("snap") / "snapshot.json"
     path.write_bytes(blob)
     try:
-        gpu.read_snapshot(str(path))
+        gpu_snapshot.read_snapshot(str(path))
     except NumaTuneError as exc:
         error = exc
     else:

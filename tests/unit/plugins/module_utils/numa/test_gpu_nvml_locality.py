@@ -23,7 +23,12 @@ import fake_nvml as fake  # noqa: E402
 import make_snapshots  # noqa: E402
 import trees  # noqa: E402
 
-from ansible_collections.numafleet.tuning.plugins.module_utils.numa import gpu  # noqa: E402
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import (  # noqa: E402
+    gpu,
+    gpu_nvml,
+    gpu_smi,
+    gpu_snapshot,
+)
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import (  # noqa: E402
     PlacementError,
 )
@@ -57,13 +62,13 @@ def _by_address(facts: dict) -> dict:
 
 def test_nvml_affinity_reads_the_bitmask_words():
     nvml = fake.FakeNvml(_fleet((4, 5, 70)))
-    record = gpu.read_nvml(nvml).gpus[UNKNOWN]
+    record = gpu_nvml.read_nvml(nvml).gpus[UNKNOWN]
     assert record["nvml_cpu_affinity"] == [4, 5, 70]
     assert "nvmlDeviceGetCpuAffinityWithinScope" in nvml.calls
 
 
 def test_affinity_within_one_node_gives_the_node(tmp_path):
-    facts = _facts(tmp_path, gpu.read_nvml(fake.FakeNvml(_fleet((4, 5, 6, 7)))))
+    facts = _facts(tmp_path, gpu_nvml.read_nvml(fake.FakeNvml(_fleet((4, 5, 6, 7)))))
     entry = _by_address(facts)[UNKNOWN]
     assert (entry["numa_node"], entry["node"], entry["node_source"]) == (
         None, 1, "nvml_cpu_affinity")  # fmt: skip
@@ -83,7 +88,7 @@ def test_affinity_within_one_node_gives_the_node(tmp_path):
     ],
 )
 def test_affinity_that_fits_no_single_node_leaves_it_unknown(tmp_path, affinity, why):
-    facts = _facts(tmp_path, gpu.read_nvml(fake.FakeNvml(_fleet(affinity))))
+    facts = _facts(tmp_path, gpu_nvml.read_nvml(fake.FakeNvml(_fleet(affinity))))
     entry = _by_address(facts)[UNKNOWN]
     assert (entry["node"], entry["node_source"]) == (None, None), why
     if affinity is None:
@@ -93,11 +98,11 @@ def test_affinity_that_fits_no_single_node_leaves_it_unknown(tmp_path, affinity,
 
 
 def test_snapshot_records_the_affinity_and_replays_the_node(tmp_path):
-    state = gpu.read_nvml(fake.FakeNvml(_fleet((4, 5))))
+    state = gpu_nvml.read_nvml(fake.FakeNvml(_fleet((4, 5))))
     path = tmp_path / "snapshot.json"
-    gpu.write_snapshot(str(path), state)
+    gpu_snapshot.write_snapshot(str(path), state)
     assert json.loads(path.read_text())["gpus"][0]["nvml_cpu_affinity"] == [4, 5]
-    replayed = _by_address(_facts(tmp_path, gpu.read_snapshot(str(path))))[UNKNOWN]
+    replayed = _by_address(_facts(tmp_path, gpu_snapshot.read_snapshot(str(path))))[UNKNOWN]
     assert (replayed["node"], replayed["node_source"]) == (1, "nvml_cpu_affinity")
     assert replayed["sources"]["node"] == "snapshot"
 
@@ -108,20 +113,22 @@ def test_snapshot_without_the_affinity_key_still_reads(tmp_path):
         record.pop("nvml_cpu_affinity")
     path = tmp_path / "old.json"
     path.write_text(json.dumps(data))
-    entry = _by_address(_facts(tmp_path, gpu.read_snapshot(str(path))))[UNKNOWN]
+    entry = _by_address(_facts(tmp_path, gpu_snapshot.read_snapshot(str(path))))[UNKNOWN]
     assert entry["nvml_cpu_affinity"] is None and entry["node"] is None
 
 
 def test_nvidia_smi_says_it_cannot_give_the_affinity():
     xml = (UNIT / "fixtures" / "cmd" / "nvidia-smi" / "h100-sxm-q-x.xml").read_text()
-    (record,) = gpu.parse_nvidia_smi_xml(xml).gpus.values()
+    (record,) = gpu_smi.parse_nvidia_smi_xml(xml).gpus.values()
     assert record["nvml_cpu_affinity"] is None
     assert record["unavailable"]["nvml_cpu_affinity"] == "not reported by nvidia-smi -q"
 
 
 def test_planner_places_next_to_the_gpu_nvml_located(tmp_path):
     numa = json.loads((trees.SYSFS / f"{VM}.numa.json").read_text())
-    facts = json.loads(json.dumps(_facts(tmp_path, gpu.read_nvml(fake.FakeNvml(_fleet((4, 5)))))))
+    facts = json.loads(
+        json.dumps(_facts(tmp_path, gpu_nvml.read_nvml(fake.FakeNvml(_fleet((4, 5))))))
+    )
     policy = {"reserved_cpus": "", "memory_headroom_pct": 15}
     placements = [
         {"name": "a", "exec": "/bin/a", "cpus": 2, "gpus": [UNKNOWN]},
@@ -135,7 +142,7 @@ def test_planner_places_next_to_the_gpu_nvml_located(tmp_path):
     assert b["node"] == 1 and b["near"]["node"] == 1
     # Without NVML's answer the same request has no node to anchor on.
     unknown = json.loads(
-        json.dumps(_facts(tmp_path / "x", gpu.read_nvml(fake.FakeNvml(_fleet(None)))))
+        json.dumps(_facts(tmp_path / "x", gpu_nvml.read_nvml(fake.FakeNvml(_fleet(None)))))
     )
     with pytest.raises(PlacementError, match="unknown NUMA locality"):
         plan_host("vm", numa, unknown, placements[1:], [], policy)

@@ -26,7 +26,12 @@ import fake_nvml as fake  # noqa: E402
 import make_snapshots  # noqa: E402
 import trees  # noqa: E402
 
-from ansible_collections.numafleet.tuning.plugins.module_utils.numa import gpu  # noqa: E402
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import (  # noqa: E402
+    gpu,
+    gpu_nvml,
+    gpu_smi,
+    gpu_snapshot,
+)
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import (  # noqa: E402
     PlacementError,
 )
@@ -61,7 +66,7 @@ def _facts(tmp_path, state) -> dict:
 def test_nvml_mig_modes_give_reset_required(tmp_path, modes, required):
     gpus = make_snapshots.fleet()[A100]
     gpus[0].mig = modes
-    facts = _facts(tmp_path, gpu.read_nvml(fake.FakeNvml(gpus)))
+    facts = _facts(tmp_path, gpu_nvml.read_nvml(fake.FakeNvml(gpus)))
     assert facts[MIG_GPU]["mig"]["reset_required"] is required
     assert facts[MIG_GPU]["sources"]["mig"] == "nvml"
 
@@ -73,7 +78,7 @@ def test_nvidia_smi_pending_mig_gives_reset_required(tmp_path):
     )
     assert pending != xml
     for text, required in ((xml, False), (pending, True)):
-        state = gpu.parse_nvidia_smi_xml(text)
+        state = gpu_smi.parse_nvidia_smi_xml(text)
         (record,) = [r for r in state.gpus.values() if r["mig"] is not None][:1]
         merged, dummy = gpu.merge(
             [
@@ -96,7 +101,7 @@ def test_snapshot_pending_mode_gives_reset_required_and_old_key_is_accepted(tmp_
     record["mig"]["reset_required"] = False  # a stale recorded value: recomputed on read
     path = tmp_path / "snapshot.json"
     path.write_text(json.dumps(data))
-    facts = _facts(tmp_path, gpu.read_snapshot(str(path)))
+    facts = _facts(tmp_path, gpu_snapshot.read_snapshot(str(path)))
     assert facts[MIG_GPU]["mig"]["reset_required"] is True
     assert facts[MIG_GPU]["sources"]["mig"] == "snapshot"
     assert facts["0000:31:00.0"]["mig"]["reset_required"] is False
@@ -116,7 +121,7 @@ def a100(fixture_root):
     """(numa facts, gpu_topology facts) of the A100 fixture, fresh copies."""
     numa = json.loads((trees.SYSFS / f"{A100}.numa.json").read_text(encoding="utf-8"))
     root = fixture_root(A100)
-    state = gpu.read_snapshot(str(trees.GPU_SNAPSHOT_DIR / f"{A100}.json"))
+    state = gpu_snapshot.read_snapshot(str(trees.GPU_SNAPSHOT_DIR / f"{A100}.json"))
     topology = gpu.read_gpu_topology(Reader(f"{root}/sys", f"{root}/proc"), state)
     return numa, json.loads(json.dumps(topology))
 

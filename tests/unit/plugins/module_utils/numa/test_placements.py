@@ -951,3 +951,15 @@ def test_mig_messages_show_an_example_to_copy():
     with pytest.raises(PlacementError) as err:
         parse_mig_gpus("h", [{"gpu": UUID, "layout": [{"start": 1}]}])
     assert "profile is missing; write {profile: 3g.40gb, start: 4}" in str(err.value)
+
+
+@given(
+    number=st.integers(min_value=0, max_value=10**9),
+    unit=st.sampled_from("kmgtKMGT"),
+    spaces=st.sampled_from(("", " ", "  ")),
+)
+def test_size_shortcut_gives_what_the_full_syntax_gives(number, unit, spaces):
+    """parse_size_kb's shortcut for '<digits><K|M|G|T>' (64G, 512M) against the full syntax
+    ('64 GiB', parsed by the regular expression): the plain way is the oracle."""
+    short = f"{spaces}{number}{unit}{spaces}"
+    assert parse_size_kb(short) == parse_size_kb(f"{number} {unit}iB")

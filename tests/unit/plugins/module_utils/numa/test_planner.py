@@ -11,7 +11,7 @@ import pytest
 import trees  # tests/unit/fixtures/trees.py (on sys.path through tests/unit/conftest.py)
 from synthetic_hosts import synthetic, synthetic_gpu  # tests/unit/synthetic_hosts.py
 
-from ansible_collections.numafleet.tuning.plugins.module_utils.numa import gpu, units
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import gpu, gpu_snapshot, units
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.cpulist import format_cpulist
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import (
     PlacementError,
@@ -41,7 +41,7 @@ def machine_facts(fixture_root):
             root = fixture_root(machine)
             snapshot = trees.GPU_SNAPSHOT_DIR / f"{machine}.json"
             state = (
-                gpu.read_snapshot(str(snapshot))
+                gpu_snapshot.read_snapshot(str(snapshot))
                 if snapshot.is_file()
                 else gpu.nvml_unavailable("no snapshot in the fixtures")
             )

@@ -10,8 +10,14 @@ import random
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from ansible_collections.numafleet.tuning.plugins.module_utils.numa import pci, topology
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import (
+    pci,
+    placements,
+    topology,
+)
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.cpulist import (
     parse_cpulist,
     parse_cpumask,
@@ -265,6 +271,13 @@ def test_parse_cpulist_matches_the_set_based_reference_on_random_text():
         assert _outcome(parse_cpulist, text) == _outcome(_old_parse_cpulist, text), text
 
 
+@given(st.lists(st.sampled_from([*"0137-,,:/24 x", "12", "15", "1048576"]), max_size=14))
+def test_parse_cpulist_matches_the_set_based_reference_on_generated_text(pieces):
+    """The same oracle, hypothesis generating (and shrinking) the text."""
+    text = "".join(pieces)
+    assert _outcome(parse_cpulist, text) == _outcome(_old_parse_cpulist, text)
+
+
 @pytest.mark.parametrize(
     "text", ["0", "08", "12", "-1", " 7 ", "0x1F", "1_0", "\u0663", "\u00b2", ""]
 )
@@ -333,6 +346,31 @@ def test_frozen_builder_makes_what_the_class_makes(cls, values):
     assert str(mine.value) == str(theirs.value)
     with pytest.raises(TypeError):
         build(**values, extra=1)
+
+
+@given(
+    name=st.from_regex(r"[a-z][a-z0-9_.-]{0,20}", fullmatch=True),
+    cpus=st.one_of(
+        st.integers(min_value=1, max_value=512), st.sampled_from(["0-3", "4,6", "8-15"])
+    ),
+    gpus=st.integers(min_value=0, max_value=8),
+    memory=st.sampled_from([None, "1G", "512M", 4096 << 20]),
+    node=st.one_of(st.none(), st.integers(min_value=0, max_value=7)),
+)
+def test_placements_are_the_placements_the_class_makes(name, cpus, gpus, memory, node):
+    """parse_placements builds Placement with frozen_builder: the same object as Placement(...)."""
+    entry = {"name": name, "exec": "/opt/app/bin/serve --port 8000", "cpus": cpus, "gpus": gpus}
+    if memory is not None:
+        entry["memory"] = memory
+    if node is not None:
+        entry["node"] = node
+    (made,) = placements.parse_placements("h", [entry], [])
+    plain = placements.Placement(**vars(made))
+    assert made.__class__ is placements.Placement
+    assert made == plain and hash(made) == hash(plain) and repr(made) == repr(plain)
+    assert list(vars(made)) == list(vars(plain))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.name = "other"  # type: ignore[misc]
 
 
 def test_frozen_builder_leaves_classes_with_post_init_or_non_init_fields_to_the_class():
