@@ -115,16 +115,24 @@ def missing_args(args, cmdline: Optional[str]) -> Optional[list]:
     return [arg for arg in args if arg not in running]
 
 
+def _int_set(value) -> set:
+    """The integers of a facts CPU list; a value that is not a list or tuple (damaged facts:
+    a bool, a number, a string) has none."""
+    if not isinstance(value, (list, tuple)):
+        return set()
+    return {c for c in value if isinstance(c, int) and not isinstance(c, bool)}
+
+
 def _cpus_of(numa: dict) -> list:
     """Online CPUs services may use: numa.allowed.cpus (else cpus.online) plus the CPUs the
     running kernel isolates already (isolcpus takes them out of PID 1's affinity), online only."""
     cpus = numa.get("cpus") if isinstance(numa.get("cpus"), dict) else {}
-    online = {c for c in cpus.get("online") or () if isinstance(c, int)}
+    online = _int_set(cpus.get("online"))
     allowed = numa.get("allowed") if isinstance(numa.get("allowed"), dict) else {}
     usable = allowed.get("cpus")
-    base = {c for c in usable if isinstance(c, int)} if isinstance(usable, list) else set(online)
-    isolated = {c for c in cpus.get("isolated") or () if isinstance(c, int)}
-    nohz = {c for c in cpus.get("nohz_full") or () if isinstance(c, int)}
+    base = _int_set(usable) if isinstance(usable, list) else set(online)
+    isolated = _int_set(cpus.get("isolated"))
+    nohz = _int_set(cpus.get("nohz_full"))
     return sorted((base | isolated | nohz) & online) if online else sorted(base)
 
 

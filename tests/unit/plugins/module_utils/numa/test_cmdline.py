@@ -113,6 +113,13 @@ def test_isolcpus_warns_for_each_placement_of_more_than_one_cpu():
     assert cmdline.placement_warnings("nohz_full", placements) == []
 
 
+@pytest.mark.parametrize("damaged", [True, 7, "0-3", {"0": 1}])
+def test_damaged_cpu_lists_in_the_facts_are_refused_not_a_traceback(damaged):
+    facts = {"cpus": {"online": damaged, "isolated": damaged, "nohz_full": damaged}}
+    with pytest.raises(cmdline.CmdlineError, match="^numafleet_kernel_isolation: "):
+        cmdline.plan_isolation("isolcpus", facts, [0])
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     mode=st.one_of(st.sampled_from(cmdline.MODES), st.text(max_size=8), st.none(), st.integers()),
