@@ -38,7 +38,7 @@ ARGUMENT_SPEC = dict(
 MODULE_OPTIONS = frozenset(
     (
         "host", "root", "service_manager", "restart", "restart_awaited", "replan",
-        "recorded_digest", "hugepages", "kernel", "gpu", "mig", "mps", "units",
+        "recorded_digest", "hugepages", "kernel", "gpu", "amd", "mig", "mps", "units",
     )
 )  # fmt: skip
 
@@ -47,6 +47,7 @@ ROLE_OF = {
     "hugepages": "hugepages",
     "kernel": "numa_kernel",
     "gpu": "nvidia_gpu",
+    "amd": "amd_partition",
     "mig": "nvidia_mig",
     "mps": "nvidia_mps",
     "units": "pinned_services",
@@ -110,7 +111,7 @@ class ActionModule(ActionBase):
             awaited = (changes.get("units") or {}).get("restart_awaited") or []
             if awaited:
                 module_args["restart_awaited"] = list(awaited)
-            if "mig" in module_args.get("layers", ()):
+            if {"mig", "amd"} & set(module_args.get("layers", ())):
                 module_args["replan"] = _plan_inputs.replan_inputs(variables, facts)
             if args["measure"] and module_args.get("service_manager") == "systemd":
                 # Render mode runs nothing, so there is nothing to measure.
@@ -185,5 +186,18 @@ class ActionModule(ActionBase):
                 "(nvidia-smi --gpu-reset -i ADDRESS) or reboot, or set numafleet_mig_reset_ok: "
                 "true (nvidia_mig_reset_ok for the role) to let the collection reset a GPU that "
                 "nothing uses."
+            )
+        amd = (result.get("layers") or {}).get("amd") or {}
+        if amd.get("reset_required"):
+            gpus = ", ".join(
+                str(gpu.get("address"))
+                for gpu in amd.get("gpus") or []
+                if gpu.get("reset_required")
+            )
+            notes.append(
+                f"host {host}: the memory partition change of {gpus} needs a reload of the "
+                "amdgpu driver (every AMD GPU of the host is reset); nothing was changed on "
+                "them. Set numafleet_amd_reset_ok: true (amd_partition_reset_ok for the role) "
+                "with every AMD GPU idle, or reboot (the boot unit sets the recorded modes)."
             )
         return notes

@@ -25,6 +25,9 @@ from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors impor
     UnitRenderError,
     escape_controls,
 )
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa.placements import (
+    gpu_partitions_input,
+)
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.planner import (
     parse_recorded,
     plan_host,
@@ -50,6 +53,7 @@ ARGUMENT_SPEC = dict(
     partition=dict(type="bool", default=False),
     memory_headroom_pct=dict(type="raw", default=15),
     hugepages_extra=dict(type="raw", default=[]),
+    gpu_partitions=dict(type="raw", default=[]),
     mig_gpus=dict(type="raw", default=[]),
     host=dict(type="str"),
     recorded=dict(type="dict"),
@@ -148,7 +152,14 @@ class ActionModule(ControllerAction):
         tenants = [] if args["tenants"] is None else args["tenants"]
         reserved = "" if args["reserved_cpus"] is None else args["reserved_cpus"]
         extra = [] if args["hugepages_extra"] is None else args["hugepages_extra"]
-        mig_gpus = [] if args["mig_gpus"] is None else args["mig_gpus"]
+        try:
+            # One list for the planner, both vendors; numafleet_mig_gpus is its old name.
+            gpu_partitions, notes = gpu_partitions_input(
+                host, plain(args["gpu_partitions"]), plain(args["mig_gpus"])
+            )
+        except NumaTuneError as exc:
+            result.update(failed=True, msg=escape_controls(str(exc)))
+            return result
         policy = {
             "reserved_cpus": plain(reserved),
             "memory_headroom_pct": plain(args["memory_headroom_pct"]),
@@ -170,7 +181,7 @@ class ActionModule(ControllerAction):
                 plain(tenants),
                 policy,
                 hugepages_extra=plain(extra),
-                mig_gpus=plain(mig_gpus),
+                mig_gpus=gpu_partitions,
                 recorded=kept,
                 recorded_daemons=((recorded or {}).get("plan") or {}).get("mps_daemons")
                 if kept is not None
@@ -192,6 +203,9 @@ class ActionModule(ControllerAction):
                 plan["awaiting_restart"] = list((old_plan or {}).get("awaiting_restart") or [])
         except NumaTuneError as exc:
             msg = escape_controls(str(exc))
+            if args["gpu_partitions"]:
+                # The planner may name the list by its old name: name the one the host set.
+                msg = msg.replace("numafleet_mig_gpus[", "numafleet_gpu_partitions[")
             if not msg.startswith(f"host {host}: "):
                 msg = f"host {host}: {msg}"
             result.update(failed=True, msg=msg)
@@ -228,7 +242,7 @@ class ActionModule(ControllerAction):
         # A host note, not a note of this run's facts: kept out of plan["warnings"] (and so out
         # of the summary's warning count); shown as a [WARNING] line on every run.
         note = partition.no_reserved_warning(plan.get("reserved_cpus"), plan.get("placements"))
-        shown = list(plan.get("warnings") or ()) + ([note] if note else [])
+        shown = notes + list(plan.get("warnings") or ()) + ([note] if note else [])
         if inputs is not None:
             shown += _apply_args.isolation_warnings(inputs, plan)
         if shown:

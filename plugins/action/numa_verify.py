@@ -25,6 +25,7 @@ ARGUMENT_SPEC = dict(
     unit_states=dict(type="raw"),
     layer_states=dict(type="raw"),
     effective=dict(type="raw"),
+    gpu_topology=dict(type="dict"),
     render_mode=dict(type="bool", default=False),
     require_runtime=dict(type="bool", default=False),
     fail_on_failure=dict(type="bool", default=True),
@@ -131,6 +132,10 @@ class ActionModule(ControllerAction):
                 checks += verify.layer_checks(
                     host, plain(args["layer_states"]), render_mode=args["render_mode"]
                 )
+            gpu_topology = args["gpu_topology"]
+            if gpu_topology is None:
+                gpu_topology = (task_vars.get("ansible_facts") or {}).get("gpu_topology")
+            checks += verify.partition_checks(host, plain(plan), plain(gpu_topology))
             if args["require_runtime"]:
                 checks = verify.require_runtime(checks)
             summary = verify.summary_line(host, checks)

@@ -15,7 +15,11 @@ description:
     C(<sysfs_root>/devices/system/node/node*/cpulist), and publishes them as
     C(ansible_facts.gpu_topology).
   - For AMD Instinct GPUs it reads the partition modes in
-    C(<sysfs_root>/class/drm/card*/device/{current,available}_{compute,memory}_partition).
+    C(<sysfs_root>/class/drm/card*/device/{current,available}_{compute,memory}_partition), the
+    KFD topology C(<sysfs_root>/class/kfd/kfd/topology/nodes/*/{gpu_id,properties}) (one node per
+    logical GPU, or XCP, of a partitioned GPU) and the PCI directory's C(mem_info_vram_total) and
+    C(compute_partition_config/supported_nps_configs), then enriches them through the C(amdsmi)
+    Python library when it can be imported (model, VRAM, partition modes, processes).
   - NVIDIA GPUs are enriched through NVML (the C(pynvml) module of nvidia-ml-py, when it can be
     imported and C(nvmlInit) succeeds) with UUID, name, memory, compute and persistence modes,
     MIG modes, GPU and compute instances, supported GPU-instance profiles with their placements,
@@ -384,6 +388,41 @@ ansible_facts:
                   description: Memory partitioning, or V(null); same keys as C(compute).
                   type: dict
                   sample: {current: NPS4, available: [NPS1, NPS4]}
+            amd:
+              description:
+                - AMD Instinct identity, partitions and logical GPUs; V(null) for other GPUs.
+                - C(uuid) is C(GPU-) and the 16 hex digits of the KFD C(unique_id), the form
+                  C(ROCR_VISIBLE_DEVICES) accepts; C(logical_gpus) has one entry per KFD node of the
+                  GPU (one per XCP, so one in SPX and eight in CPX on an MI300X), in partition order, with
+                  the XCDs it owns; C(compatible_memory_partitions) maps each compute partition to the
+                  memory partitions it allows (C(compatible_source) V(sysfs) when the driver's
+                  C(supported_nps_configs) gave the current mode's, V(table) for AMD's MI300 table).
+                - C(source) is V(sysfs), V(amdsmi) (the library enriched it), V(amd-smi) or V(snapshot).
+              type: dict
+              sample:
+                model: AMD Instinct MI300X
+                kfd_node: 2
+                gpu_id: 50002
+                unique_id: "0x2bd3d5b45ff06a00"
+                uuid: GPU-2bd3d5b45ff06a00
+                drm_card: card1
+                render_minor: 128
+                vram_total_mib: 196592
+                compute_partition: {current: SPX, available: [SPX, DPX, QPX, CPX]}
+                memory_partition: {current: NPS1, available: [NPS1, NPS4]}
+                compatible_memory_partitions: {SPX: [NPS1], DPX: [NPS1], QPX: [NPS1], CPX: [NPS1, NPS4]}
+                compatible_source: table
+                xcd_count: 8
+                logical_gpus:
+                  - index: 0
+                    uuid: GPU-2bd3d5b45ff06a00
+                    unique_id: "0x2bd3d5b45ff06a00"
+                    kfd_node: 2
+                    gpu_id: 50002
+                    render_minor: 128
+                    xcds: [0, 1, 2, 3, 4, 5, 6, 7]
+                processes: []
+                source: amdsmi
             sources:
               description: For each field that has a value, where it came from.
               type: dict
@@ -401,6 +440,22 @@ ansible_facts:
               description: The C(numa_node) file as the kernel wrote it (V(-1) when unknown), V(null) when it cannot be read.
               type: int
               sample: -1
+        amdsmi:
+          description: Whether the C(amdsmi) library enriched the AMD GPUs.
+          returned: always
+          type: dict
+          contains:
+            available:
+              description: Whether amdsmi answered (V(false) on hosts without AMD GPUs, where it is not loaded).
+              type: bool
+            reason:
+              description: Why not, or V(null).
+              type: str
+              sample: "amdsmi_init failed: An error occurred with code: 34(AMDSMI_STATUS_DRIVER_NOT_LOADED)"
+            version:
+              description: The library version (C(amdsmi_get_lib_version)), or V(null).
+              type: str
+              sample: 25.3.0
         nvml:
           description: Whether NVML was used.
           returned: always
@@ -487,6 +542,15 @@ def load_nvml() -> tuple:
     return pynvml, None
 
 
+def load_amdsmi() -> tuple:
+    """(amdsmi module, None), or (None, why it cannot be imported); asked only on AMD hosts."""
+    try:
+        import amdsmi
+    except Exception as exc:  # ImportError, or the library failing to load libamd_smi.so
+        return None, f"amdsmi is not importable for {sys.executable}: {exc}"
+    return amdsmi, None
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
@@ -515,6 +579,7 @@ def main() -> None:
             snapshot=params["snapshot"],
             snapshot_out=params["snapshot_out"],
             check_mode=module.check_mode,
+            load_amdsmi=load_amdsmi,
         )
     except NumaTuneError as exc:
         module.fail_json(msg=str(exc))

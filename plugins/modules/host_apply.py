@@ -18,14 +18,15 @@ description:
     sent when one fails.
   - Runs the apply layers of this collection on one host in one process, in this order whatever
     the order of O(layers) - hugepages (M(numafleet.tuning.numa_hugepages)), kernel
-    (M(numafleet.tuning.numa_kernel)), gpu (M(numafleet.tuning.nvidia_gpu_settings)), mig
-    (M(numafleet.tuning.nvidia_mig)), mps
+    (M(numafleet.tuning.numa_kernel)), gpu (M(numafleet.tuning.nvidia_gpu_settings)), amd
+    (M(numafleet.tuning.amd_partition)), mig (M(numafleet.tuning.nvidia_mig)), mps
     (M(numafleet.tuning.nvidia_mps)) and units (M(numafleet.tuning.pinned_units)). Each layer is
     the same code as that module, with the same result.
   - The plan O(plan) is checked once (version 1, made for O(host) when given, the lists the
     enabled layers read); each layer's options (O(hugepages), O(kernel), ...) are checked against
     that module's options before anything runs.
-  - When the mig layer changed the GPUs (new MIG devices exist) and O(replan) is given, the GPUs
+  - When the amd layer changed the partition modes of AMD GPUs (new logical GPUs exist), or the
+    mig layer changed the GPUs (new MIG devices exist), and O(replan) is given, the GPUs
     are read again as M(numafleet.tuning.numa_facts) reads them and the plan is made again with
     the same planner as M(numafleet.tuning.numa_plan), starting from O(plan) so that placements
     keep their resources; the mps and units layers then use the new plan (RV(plan)). Without
@@ -67,13 +68,13 @@ options:
     type: str
   layers:
     description:
-      - The layers to run. They always run in the order V(hugepages), V(kernel), V(gpu), V(mig),
-        V(mps), V(units), whatever the order here; a layer not listed is not run (and not in
-        RV(layers)).
+      - The layers to run. They always run in the order V(hugepages), V(kernel), V(gpu), V(amd),
+        V(mig), V(mps), V(units), whatever the order here; a layer not listed is not run (and not
+        in RV(layers)).
     type: list
     elements: str
-    choices: [hugepages, kernel, gpu, mig, mps, units]
-    default: [hugepages, kernel, gpu, mig, mps, units]
+    choices: [hugepages, kernel, gpu, amd, mig, mps, units]
+    default: [hugepages, kernel, gpu, amd, mig, mps, units]
   root:
     description:
       - Directory that stands for C(/) of the host, given to every layer. Set it to a scratch
@@ -120,6 +121,13 @@ options:
       - Options of M(numafleet.tuning.nvidia_gpu_settings) except O(root), O(service_manager) and
         C(mps_gpus) (the GPUs of the plan's C(mps_daemons)). Without C(gpus) the layer changes
         nothing.
+    type: dict
+    default: {}
+  amd:
+    description:
+      - Options of M(numafleet.tuning.amd_partition) except O(root), O(service_manager), C(gpus)
+        (the plan's C(amd_partitions), V([]) when absent) and C(owned_units) (their
+        C(owned_units)).
     type: dict
     default: {}
   mig:
@@ -169,6 +177,13 @@ options:
         default: []
       mig_gpus:
         description: The host's C(numafleet_mig_gpus).
+        type: list
+        elements: raw
+        default: []
+      gpu_partitions:
+        description:
+          - The host's C(numafleet_gpu_partitions) (both vendors), given to the planner when not
+            empty.
         type: list
         elements: raw
         default: []
@@ -370,7 +385,9 @@ kernel_args:
   elements: str
   sample: [hugepagesz=1G, hugepages=0:16,1:16]
 reset_required:
-  description: Whether a GPU needs a reset for its MIG mode (mig layer), else false.
+  description:
+    - Whether a GPU needs a reset for its MIG mode (mig layer), or the amdgpu driver a reload for
+      a memory partition (amd layer, without C(reset_ok)), else false.
   returned: always
   type: bool
   sample: false
@@ -416,6 +433,7 @@ REPLAN_SPEC = dict(
     policy=dict(type="dict", default={}),
     hugepages_extra=dict(type="list", elements="dict", default=[]),
     mig_gpus=dict(type="list", elements="raw", default=[]),
+    gpu_partitions=dict(type="list", elements="raw", default=[]),
     sysfs_root=dict(type="path", default="/sys"),
     procfs_root=dict(type="path", default="/proc"),
     gpu_snapshot=dict(type="path"),
@@ -436,6 +454,15 @@ def load_pynvml():
     except ImportError:
         return None
     return pynvml
+
+
+def load_amdsmi():
+    """The amdsmi module of ROCm, or None when it is not installed (or cannot load)."""
+    try:
+        import amdsmi
+    except (ImportError, OSError):
+        return None
+    return amdsmi
 
 
 def _fail(module, msg: str, **extra) -> None:
@@ -495,7 +522,7 @@ def main() -> None:
     if "mps" in options:  # render mode records a restarted daemon's defaults only if restarted
         options["mps"]["restart"] = params["restart"]
 
-    host = layers.ModuleHost(module, load_pynvml)
+    host = layers.ModuleHost(module, load_pynvml, load_amdsmi)
     results, ran, current = {}, [], None
     try:
         with layers.lock(params["root"], host.check_mode):
@@ -506,17 +533,20 @@ def main() -> None:
                     options[current]["plan"] = replanned
                 results[current] = layers.run(current, options[current], host)
                 ran += results[current].get("ran") or []
-                if current == "mig" and results["mig"].get("gpu_changed"):
+                if current in ("amd", "mig") and results[current].get("gpu_changed"):
                     if not {"mps", "units"} & set(enabled):
                         continue
+                    what = "AMD partition modes" if current == "amd" else "MIG layout"
                     if params["replan"] is None:
                         module.warn(
-                            "the MIG layout changed and replan is not given: the mps and units "
-                            "layers use the plan as given, whose MIG device UUIDs may be stale; "
+                            f"the {what} changed and replan is not given: the mps and units "
+                            "layers use the plan as given, whose GPU device UUIDs may be stale; "
                             "run again (numa_facts and numa_plan read the new devices)"
                         )
                     else:
-                        replanned = layers.replan(plan, params["replan"], host)
+                        replanned = layers.replan(
+                            replanned or plan, params["replan"], host, current
+                        )
             current = None
             ran += _handler_pass(module, results)
     except layers.LayerError as exc:
@@ -526,6 +556,7 @@ def main() -> None:
 
     render = host.check_mode or params["service_manager"] == "none"
     hugepages, mig = results.get("hugepages") or {}, results.get("mig") or {}
+    amd = results.get("amd") or {}
     result = dict(
         changed=any(result.get("changed") for result in results.values()) or bool(ran),
         layers=results,
@@ -536,11 +567,13 @@ def main() -> None:
         reboot_required=bool(hugepages.get("reboot_required")),
         reboot_pending=bool(hugepages.get("reboot_pending")),
         kernel_args=list(hugepages.get("kernel_args") or []),
-        reset_required=bool(mig.get("reset_required")),
+        reset_required=bool(mig.get("reset_required") or amd.get("reset_required")),
         mig_devices=list(mig.get("mig_devices") or []),
     )
     if replanned is not None:
-        result.update(plan=replanned, summary=_replanned_summary(plan, replanned))
+        amd_only = amd.get("gpu_changed") and not mig.get("gpu_changed")
+        what = "the AMD partition modes" if amd_only else "the MIG layout"
+        result.update(plan=replanned, summary=_replanned_summary(plan, replanned, what))
     if params["measure"] is not None:
         result["locality"] = _measure(module, replanned or plan)
     if params["recorded_digest"] is not None and not host.check_mode:
@@ -554,7 +587,7 @@ def main() -> None:
     module.exit_json(**result)
 
 
-def _replanned_summary(plan: dict, replanned: dict) -> str:
+def _replanned_summary(plan: dict, replanned: dict, what: str = "the MIG layout") -> str:
     """The summary line of the plan made again after the MIG change, naming the placements that
     waited for their MIG instance and were started in this run, and those still waiting."""
 
@@ -563,7 +596,7 @@ def _replanned_summary(plan: dict, replanned: dict) -> str:
             str(p.get("name")) for p in some.get("placements") or () if p.get("waits_for")
         )
 
-    line = layers.summary(replanned) + "; re-planned after the MIG layout changed"
+    line = layers.summary(replanned) + f"; re-planned after {what} changed"
     still = waiting(replanned)
     started = [name for name in waiting(plan) if name not in still]
     if started:

@@ -821,6 +821,15 @@ def load_nvml() -> tuple:
     return pynvml, None
 
 
+def load_amdsmi() -> tuple:
+    """(amdsmi module, None), or (None, why it cannot be imported); asked only on AMD hosts."""
+    try:
+        import amdsmi
+    except Exception as exc:  # ImportError, or the library failing to load libamd_smi.so
+        return None, f"amdsmi is not importable for {sys.executable}: {exc}"
+    return amdsmi, None
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
@@ -851,7 +860,7 @@ def main() -> None:
 
     try:
         facts, written = gather_facts(
-            params, module.check_mode, run, module.get_bin_path, load_nvml
+            params, module.check_mode, run, module.get_bin_path, load_nvml, load_amdsmi
         )
     except NumaTuneError as exc:
         module.fail_json(msg=str(exc))

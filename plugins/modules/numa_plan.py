@@ -145,8 +145,21 @@ options:
         V(null) means none.
     type: raw
     default: []
+  gpu_partitions:
+    description:
+      - Declared partition state per GPU, both vendors, one list. NVIDIA entries take the keys of
+        O(mig_gpus) (C(gpu), C(mode), C(layout)); AMD Instinct entries take C(gpu) (PCI address or
+        UUID), C(compute_partition) (V(SPX), V(DPX), V(TPX), V(QPX), V(CPX)) and
+        C(memory_partition) (V(NPS1), V(NPS2), V(NPS4), V(NPS8)). An entry with keys of both
+        vendors is refused.
+      - Placements with C(partition) (V(cpx) ...) take logical GPUs of AMD GPUs in that mode.
+      - Usually the host variable C(numafleet_gpu_partitions). V(null) means none. Setting both
+        this and O(mig_gpus) is refused; O(mig_gpus) alone still works, with a deprecation warning.
+    type: raw
+    default: []
   mig_gpus:
     description:
+      - Deprecated name of O(gpu_partitions) (same keys), kept for callers of the module.
       - Declared NVIDIA MIG state per GPU, as a list of dicts with C(gpu) (PCI address or C(GPU-...)
         UUID), C(mode) (V(enabled), the default, or V(disabled)) and optionally C(layout), a list of
         GPU-instance profile names (V(3g.40gb)) or dicts with C(profile), C(start) (placement start
@@ -157,8 +170,7 @@ options:
         GPU's instances plus those the placements need. V(disabled) makes the GPU a whole GPU.
       - The plan's C(gpus[].mig) holds the result, which the role C(numafleet.tuning.nvidia_mig)
         applies. Profiles are checked against the GPU's own profile list from its facts.
-      - Usually the host variable C(numafleet_mig_gpus), which the planner's messages name.
-        V(null) means none.
+      - Usually the deprecated host variable C(numafleet_mig_gpus). V(null) means none.
     type: raw
     default: []
   host:
@@ -299,7 +311,7 @@ EXAMPLES = r"""
     reserved_cpus: "{{ numafleet_reserved_cpus | default('') }}"
     memory_headroom_pct: "{{ numafleet_memory_headroom_pct | default(15) }}"
     hugepages_extra: "{{ numafleet_hugepages_extra | default([]) }}"
-    mig_gpus: "{{ numafleet_mig_gpus | default([]) }}"
+    gpu_partitions: "{{ numafleet_gpu_partitions | default([]) }}"
   register: plan
 
 - name: Print one line per host
@@ -438,6 +450,14 @@ ansible_facts:
               M(numafleet.tuning.host_apply) in the same run, or a later run) names the MIG
               device, and that run enables and starts the unit. The change plan and RV(summary)
               say that it waits.
+            - On an AMD Instinct GPU (facts C(gpus[].amd)), a C(gpus) entry also has C(partition) -
+              V(null) for the whole GPU, or for a placement with C(partition) the logical GPU (XCP)
+              it got, C(mode) (V(CPX)), C(index), C(uuid), C(render_minor), C(xcds) and C(existing).
+              Its C(environment) sets C(ROCR_VISIBLE_DEVICES) to UUIDs (never indices) and no
+              C(CUDA_*) key. A logical GPU that appears only once the compute partition changes
+              has C(uuid) V(null), C(ROCR_VISIBLE_DEVICES) empty and a C(waits_for) with
+              C(partition) (V(CPX logical GPU 0 of GPU 0000:43:00.0)), C(gpu), C(mode), C(index)
+              and C(reason) V(created when the compute partition changes).
           type: list
           elements: dict
           sample:
@@ -466,7 +486,8 @@ ansible_facts:
           elements: dict
         gpus:
           description:
-            - Per GPU, how it is used (V(whole), V(mig), V(mps) or V(free)), by which placements, and its MIG layout or MPS daemon.
+            - Per GPU, how it is used (V(whole), V(mig), V(mps), V(partition) (logical GPUs of an
+              AMD GPU) or V(free)), by which placements, and its MIG layout or MPS daemon.
             - C(mig) (V(null) for a GPU without MIG) has C(mode) (the planned mode), C(mode_current) (from the facts),
               C(declared) (whether O(mig_gpus) declares the GPU) and C(layout), one entry per GPU instance with
               C(profile), C(placement_start), C(placement_size), C(placement) (the placement it serves, or V(null)),
@@ -499,6 +520,17 @@ ansible_facts:
               are not listed, so they are never touched.
           type: list
           elements: dict
+        amd_partitions:
+          description:
+            - Only on a host with AMD Instinct GPUs - one entry per AMD GPU, in address order, the
+              partition state the C(amd) layer applies - C(address), C(uuid), C(node),
+              C(compute_partition) and C(memory_partition) (each C(current) and C(planned)),
+              C(declared) (in O(gpu_partitions)), C(change), C(reset_required) (the memory
+              partition changes, which needs an amdgpu driver reload), C(logical_gpus) (C(index),
+              C(uuid), C(placement)) and C(owned_units) (the units of the placements on the GPU).
+          type: list
+          elements: dict
+          returned: when the host has AMD GPUs with partition facts
         stability:
           description:
             - Per placement name, V(kept) (its recorded resources), V(new), or why it was planned

@@ -83,6 +83,16 @@ options:
         whatever its processes show now.
       - V(null) (the default) adds no such check.
     type: raw
+  gpu_topology:
+    description:
+      - The GPU facts (C(ansible_facts.gpu_topology) of M(numafleet.tuning.numa_facts)) the AMD
+        checks read; defaults to the host's C(ansible_facts.gpu_topology).
+      - Adds the check C(gpu_partitions) when the plan has C(amd_partitions) (a host with AMD
+        GPUs) - per AMD GPU (subject C(GPU <address>)) the compute and memory partition the facts
+        show against the planned ones (a memory-partition change that waits for the driver
+        reload warns C(pending reset)), and per placement with C(ROCR_VISIBLE_DEVICES) that each
+        UUID is a GPU or logical GPU of the facts on one of the placement's planned nodes.
+    type: dict
   render_mode:
     description:
       - Whether the host is rendered into a directory instead of run (C(numafleet_render_root) is

@@ -39,7 +39,7 @@ from ansible_collections.numafleet.tuning.plugins.plugin_utils._host_vars import
     role_input_sources,
 )
 
-ALL_LAYERS = ("hugepages", "kernel", "gpu", "mig", "mps", "units")
+ALL_LAYERS = ("hugepages", "kernel", "gpu", "amd", "mig", "mps", "units")
 
 # Every input of the five apply roles and its default (roles/*/defaults/main.yml; a unit test
 # compares the two).
@@ -66,6 +66,11 @@ ROLE_DEFAULTS: dict = {
     "nvidia_gpu_backend": "auto",
     "nvidia_gpu_sysfs_root": "/sys",
     "nvidia_gpu_procfs_root": "/proc",
+    "amd_partition_render_root": None,
+    "amd_partition_reset_ok": False,
+    "amd_partition_backend": "auto",
+    "amd_partition_sysfs_root": "/sys",
+    "amd_partition_procfs_root": "/proc",
     "nvidia_mig_render_root": None,
     "nvidia_mig_snapshot": None,
     "nvidia_mig_reset_ok": False,
@@ -557,6 +562,51 @@ def _mig(host, inp, plan, facts, out):
     return _module_inputs.problems("nvidia_mig", checked, host)
 
 
+def _amd_run(inp, plan, facts) -> bool:
+    """Whether the amd layer runs: the plan has AMD GPUs (amd_partitions), or an earlier run
+    recorded AMD partition modes (its files are removed), or the state paths are unknown."""
+    paths = _get(facts, "numafleet_state_paths")
+    root = _text(_root(inp["amd_partition_render_root"])).rstrip("/")
+    state = root + "/etc/numafleet/amd-partition.json"
+    return bool(
+        len(_get(plan, "amd_partitions", None) or []) > 0
+        or (paths is _MISSING and _get(plan, "amd_partitions", None) is not None)
+        or _hashable_in(state, paths if isinstance(paths, (list, tuple)) else ())
+    )
+
+
+def _amd(host, inp, plan, facts, out):
+    render_root = inp["amd_partition_render_root"]
+    errors = []
+    gpus = _get(plan, "amd_partitions", [])
+    if not (_get(plan, "version", None) == 1 and _seq(gpus) and _get(plan, "host", None) == host):
+        errors.append(_plan_message(host, "amd_partition_plan", "an amd_partitions list", plan))
+    if render_root is not None and not _root_ok(render_root):
+        errors.append(_render_message(host, "amd_partition_render_root", render_root, long=False))
+    backend = inp["amd_partition_backend"]
+    if not _hashable_in(backend, ("auto", "amdsmi", "amd-smi", "sysfs")):
+        errors.append(
+            f"host {host}: amd_partition_backend (numafleet_amd_backend in site.yml) is "
+            f"'{_text(backend)}'; use auto, amdsmi, amd-smi or sysfs. Fix the variable; nothing "
+            "was changed."
+        )
+    if _text(inp["amd_partition_reset_ok"]).lower() not in ("true", "false", "yes", "no"):
+        errors.append(
+            f"host {host}: amd_partition_reset_ok (numafleet_amd_reset_ok in site.yml) is "
+            f"'{_text(inp['amd_partition_reset_ok'])}'; use true (the amdgpu driver may be "
+            "reloaded for a memory partition change) or false. Fix the variable; nothing was "
+            "changed."
+        )
+    out["amd"] = {
+        "reset_ok": _bool(inp["amd_partition_reset_ok"]),
+        # Render mode writes the scratch tree's files: the sysfs backend, whatever was chosen.
+        "backend": "sysfs" if render_root is not None else backend,
+        "sysfs_root": inp["amd_partition_sysfs_root"],
+        "procfs_root": inp["amd_partition_procfs_root"],
+    }
+    return errors
+
+
 def _gpu_run(inp) -> bool:
     """Whether the gpu layer runs: only where GPU settings are declared."""
     return _seq(inp["nvidia_gpu_settings"]) and len(inp["nvidia_gpu_settings"]) > 0
@@ -728,6 +778,7 @@ _LAYERS = {
     "hugepages": ("hugepages_render_root", _hugepages),
     "kernel": ("numa_kernel_render_root", _kernel),
     "gpu": ("nvidia_gpu_render_root", _gpu),
+    "amd": ("amd_partition_render_root", _amd),
     "mig": ("nvidia_mig_render_root", _mig),
     "mps": ("nvidia_mps_render_root", _mps),
     "units": ("pinned_services_render_root", _units),
@@ -763,6 +814,8 @@ def build(host: str, inputs: Mapping, plan, facts: Mapping, layers=ALL_LAYERS) -
                 f"in ({exc!r}). Fix the variables; nothing was changed."
             )
         if layer == "mig" and not _safe(_mig_run, inp, plan, facts):
+            continue
+        if layer == "amd" and not _safe(_amd_run, inp, plan, facts):
             continue
         if layer == "gpu" and not _safe(_gpu_run, inp):
             continue

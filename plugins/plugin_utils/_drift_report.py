@@ -34,6 +34,7 @@ LAYERS = {
     "hugepages": "numa_hugepages",
     "numa_kernel": "numa_kernel",
     "nvidia_gpu": "nvidia_gpu_settings",
+    "amd_partition": "amd_partition",
     "nvidia_mig": "nvidia_mig",
     "nvidia_mps": "nvidia_mps",
     "pinned_services": "pinned_units",
@@ -45,6 +46,7 @@ APPLY_LAYERS = {
     "hugepages": "hugepages",
     "kernel": "numa_kernel",
     "gpu": "nvidia_gpu",
+    "amd": "amd_partition",
     "mig": "nvidia_mig",
     "mps": "nvidia_mps",
     "units": "pinned_services",
@@ -62,6 +64,8 @@ DRIFT_CHECKS = frozenset(
         "mig_layout",
         "mps_settings",
         "irq_affinity",
+        # AMD partition modes or a visible device against the plan (verify.partition_checks).
+        "gpu_partitions",
     )
 )
 CHECK_STATUSES = ("pass", "fail", "warn", "skipped")

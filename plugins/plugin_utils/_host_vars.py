@@ -277,6 +277,16 @@ PLACEMENT_KEYS = (
         "it) instead of whole GPUs.",
     ),
     Key(
+        "partition",
+        "str",
+        None,
+        "One logical GPU (XCP) of an AMD Instinct GPU in that compute partition mode: dpx, "
+        "tpx, qpx or cpx (either case). The GPU must be in that mode or declared so in "
+        "numafleet_gpu_partitions; not with mig_profile, mps or gpus: above 1 (gpus: listing "
+        "one GPU picks the GPU). The unit gets ROCR_VISIBLE_DEVICES of the logical GPU's UUID.",
+        default_text="none (whole GPUs)",
+    ),
+    Key(
         "mps",
         "raw",
         None,
@@ -421,6 +431,28 @@ MIG_GPU_KEYS = (
         keys=MIG_LAYOUT_KEYS,
     ),
 )
+AMD_PARTITION_KEYS = (
+    Key(
+        "compute_partition",
+        "str",
+        None,
+        "AMD: the compute partition mode (SPX: one GPU; DPX, TPX, QPX, CPX: 2, 3, 4 or 8 "
+        "logical GPUs on an MI300X), checked against the GPU's available modes.",
+        choices=("SPX", "DPX", "TPX", "QPX", "CPX"),
+        default_text="none (keep the current mode)",
+    ),
+    Key(
+        "memory_partition",
+        "str",
+        None,
+        "AMD: the memory partition mode (NPS1, NPS2, NPS4, NPS8), checked against the modes "
+        "the compute partition allows; a change reloads the amdgpu driver only with "
+        "numafleet_amd_reset_ok.",
+        choices=("NPS1", "NPS2", "NPS4", "NPS8"),
+        default_text="none (keep the current mode)",
+    ),
+)
+GPU_PARTITION_KEYS = MIG_GPU_KEYS + AMD_PARTITION_KEYS
 GPU_SETTING_KEYS = (
     Key(
         "gpu", "str", REQUIRED, "The GPU: PCI address (0000:17:00.0) or UUID (GPU-...), each once."
@@ -496,7 +528,12 @@ HOST_VARS = (
         "Where the host's sysfs is mounted: a container's mount of it, or a recorded tree "
         "(playbooks/capture_topology.yml).",
         _TOPOLOGY,
-        role_inputs=("hugepages_sysfs_root", "nvidia_gpu_sysfs_root", "nvidia_mig_sysfs_root"),
+        role_inputs=(
+            "hugepages_sysfs_root",
+            "nvidia_gpu_sysfs_root",
+            "amd_partition_sysfs_root",
+            "nvidia_mig_sysfs_root",
+        ),
     ),
     HostVar(
         "numafleet_procfs_root",
@@ -504,7 +541,12 @@ HOST_VARS = (
         "/proc",
         "Where the host's procfs is mounted.",
         _TOPOLOGY,
-        role_inputs=("hugepages_procfs_root", "nvidia_gpu_procfs_root", "nvidia_mig_procfs_root"),
+        role_inputs=(
+            "hugepages_procfs_root",
+            "nvidia_gpu_procfs_root",
+            "amd_partition_procfs_root",
+            "nvidia_mig_procfs_root",
+        ),
     ),
     HostVar(
         "numafleet_gpu_snapshot",
@@ -528,6 +570,7 @@ HOST_VARS = (
             "hugepages_render_root",
             "numa_kernel_render_root",
             "nvidia_gpu_render_root",
+            "amd_partition_render_root",
             "nvidia_mig_render_root",
             "nvidia_mps_render_root",
             "pinned_services_render_root",
@@ -610,12 +653,26 @@ HOST_VARS = (
         checked_by=_PLAN,
     ),
     HostVar(
+        "numafleet_gpu_partitions",
+        "list",
+        [],
+        "Declared partition state per GPU, both vendors (keys below): NVIDIA MIG mode and "
+        "layout, applied by the nvidia_mig role; AMD Instinct compute and memory partition, "
+        "applied by the amd_partition role. Checked at planning against the GPU's own "
+        "profiles or modes; keys of the other vendor are refused. Enabling MIG on a GPU whose "
+        "driver lists profiles only in MIG mode takes two runs: mode: enabled alone, then the "
+        "layout.",
+        _ALL_RUNS,
+        elements="dict",
+        keys=GPU_PARTITION_KEYS,
+        checked_by=_PLAN,
+    ),
+    HostVar(
         "numafleet_mig_gpus",
         "list",
         [],
-        "Declared MIG state per GPU, checked at planning against the GPU's own profiles and "
-        "applied by the nvidia_mig role (keys below). Enabling MIG on a GPU whose driver lists "
-        "profiles only in MIG mode takes two runs: mode: enabled alone, then the layout.",
+        "Deprecated: the old name of numafleet_gpu_partitions, same keys (NVIDIA ones), still "
+        "read when numafleet_gpu_partitions is unset, with a warning; both set is refused.",
         _ALL_RUNS,
         elements="dict",
         keys=MIG_GPU_KEYS,
@@ -817,6 +874,26 @@ HOST_VARS = (
         choices=("auto", "nvml", "nvidia-smi"),
     ),
     HostVar(
+        "numafleet_amd_reset_ok",
+        "bool",
+        False,
+        "Whether amd_partition may reload the amdgpu driver (every AMD GPU of the host is reset; "
+        "all must be idle) for a memory partition change; else amd_partition_reset_required is "
+        "set, a warning printed and nothing changed on that GPU.",
+        (SITE, DRIFT),
+        role_inputs=("amd_partition_reset_ok",),
+    ),
+    HostVar(
+        "numafleet_amd_backend",
+        "str",
+        "auto",
+        "How AMD partition modes are set: auto (the amdsmi library, else amd-smi, else sysfs), "
+        "amdsmi, amd-smi or sysfs (current_*_partition files).",
+        (SITE, DRIFT),
+        role_inputs=("amd_partition_backend",),
+        choices=("auto", "amdsmi", "amd-smi", "sysfs"),
+    ),
+    HostVar(
         "numafleet_mig_parted_config",
         "str",
         "/etc/numafleet/mig-parted.yaml",
@@ -956,6 +1033,7 @@ PLAN_INPUTS = (
     "hugepages_plan",
     "numa_kernel_plan",
     "nvidia_gpu_plan",
+    "amd_partition_plan",
     "nvidia_mig_plan",
     "nvidia_mps_plan",
     "pinned_services_plan",
@@ -987,7 +1065,14 @@ PLAY_VARIABLES = {
 
 
 # Prefixes of the apply roles' inputs, and suffixes of their outputs (never inputs).
-ROLE_PREFIXES = ("hugepages_", "numa_kernel_", "nvidia_mig_", "nvidia_mps_", "pinned_services_")
+ROLE_PREFIXES = (
+    "amd_partition_",
+    "hugepages_",
+    "numa_kernel_",
+    "nvidia_mig_",
+    "nvidia_mps_",
+    "pinned_services_",
+)
 ROLE_OUTPUT_SUFFIXES = ("_result", "_required", "_changed")
 
 

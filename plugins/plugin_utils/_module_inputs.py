@@ -67,7 +67,7 @@ NAMES = {
         "root": ("nvidia_gpu_render_root", "numafleet_render_root"),
     },
     "nvidia_mig": {
-        "gpus": ("nvidia_mig_plan", "numafleet_mig_gpus"),
+        "gpus": ("nvidia_mig_plan", "numafleet_gpu_partitions"),
         "backend": ("nvidia_mig_backend", "numafleet_mig_backend"),
         "mig_parted_config": ("nvidia_mig_parted_config", "numafleet_mig_parted_config"),
         "root": ("nvidia_mig_render_root", "numafleet_render_root"),

@@ -21,6 +21,7 @@ PLAN_VARIABLES = {
     "partition": "numafleet_partition",
     "memory_headroom_pct": "numafleet_memory_headroom_pct",
     "hugepages_extra": "numafleet_hugepages_extra",
+    "gpu_partitions": "numafleet_gpu_partitions",
     "mig_gpus": "numafleet_mig_gpus",
     "repack": "numafleet_repack",
     "restart": "numafleet_restart",
@@ -67,7 +68,9 @@ def replan_inputs(variables, facts: dict) -> dict:
             "partition": inputs["partition"],
         },
         "hugepages_extra": _list(inputs["hugepages_extra"]),
-        "mig_gpus": _list(inputs["mig_gpus"]),
+        # numafleet_gpu_partitions, else the deprecated numafleet_mig_gpus (numa_plan refused
+        # both set before the gate): the one list the planner gets, under its old key.
+        "mig_gpus": _list(inputs["gpu_partitions"]) or _list(inputs["mig_gpus"]),
     }
     replan.update({key: value for key, value in gpu.items() if value is not None})
     return replan

@@ -161,6 +161,25 @@ def _path(name: str):
     return lambda hostvars, value: hostvars.__setitem__(name, "/srv/" + value)
 
 
+def _gpu_partitions(entry: dict) -> Callable[[dict, str], None]:
+    """numafleet_gpu_partitions (instead of the deprecated numafleet_mig_gpus of the base) with
+    one entry, the payload where entry holds None (a list: its first item)."""
+
+    def setter(hostvars: dict, value: str) -> None:
+        def fill(got):
+            return value if got is None else [value] if got == [None] else got
+
+        hostvars.pop("numafleet_mig_gpus", None)
+        hostvars["numafleet_gpu_partitions"] = [{key: fill(got) for key, got in entry.items()}]
+
+    return setter
+
+
+def _amd_partition_placement(hostvars: dict, value: str) -> None:
+    hostvars["numafleet_placements"][0].pop("gpus", None)
+    hostvars["numafleet_placements"][0]["partition"] = value
+
+
 def _boot_reserve(hostvars: dict, value: str) -> None:
     hostvars["numafleet_hugepages_boot_reserve"] = [value]
 
@@ -272,6 +291,29 @@ FIELDS = (
         ),
     ),  # fmt: skip
     Field("mig_backend", "numafleet_mig_backend", _kernel_choice("numafleet_mig_backend")),
+    Field("gpu_partitions.gpu", "numafleet_gpu_partitions", _gpu_partitions({"gpu": None})),
+    Field(
+        "gpu_partitions.mode",
+        "numafleet_gpu_partitions",
+        _gpu_partitions({"gpu": "0000:17:00.0", "mode": None}),
+    ),  # fmt: skip
+    Field(
+        "gpu_partitions.layout.profile",
+        "numafleet_gpu_partitions",
+        _gpu_partitions({"gpu": "0000:17:00.0", "layout": [None]}),
+    ),  # fmt: skip
+    Field(
+        "gpu_partitions.compute_partition",
+        "numafleet_gpu_partitions",
+        _gpu_partitions({"gpu": "0000:17:00.0", "compute_partition": None}),
+    ),  # fmt: skip
+    Field(
+        "gpu_partitions.memory_partition",
+        "numafleet_gpu_partitions",
+        _gpu_partitions({"gpu": "0000:17:00.0", "memory_partition": None}),
+    ),  # fmt: skip
+    Field("placement.partition", "numafleet_placements", _amd_partition_placement),
+    Field("amd_backend", "numafleet_amd_backend", _kernel_choice("numafleet_amd_backend")),
     Field(
         "gpu_settings.gpu",
         "numafleet_gpu_settings",

@@ -26,3 +26,12 @@ def ansible_ready():
     if not (REPO / ".venv" / "bin" / "ansible-playbook").exists() or not link.exists():
         pytest.fail("run `make setup` first: .venv and the .collections symlink are missing")
     return True
+
+
+@pytest.fixture
+def scratch_demo(tmp_path, ansible_ready):
+    """DemoHost(tmp_path, host): the demo inventory and one host's scratch tree, runs limited
+    to it (system_helpers.DemoHost)."""
+    from system_helpers import DemoHost
+
+    return lambda host: DemoHost(tmp_path, host)

@@ -125,3 +125,45 @@ def read_tree(root: Path) -> dict:
         for path in sorted(root.rglob("*"))
         if path.is_file() and not _lock(path.relative_to(root).as_posix())
     }
+
+
+class DemoHost:
+    """A scratch copy of the demo inventory and of ONE demo host's tree under ``base``; every run
+    is limited to that host (fixture ``scratch_demo`` of conftest.py)."""
+
+    def __init__(self, base: Path, host: str) -> None:
+        import shutil
+
+        import trees
+
+        self.base, self.host = Path(base), host
+        self.inventory = self.base / "inventories" / "demo"
+        shutil.copytree(REPO / "inventories" / "demo", self.inventory)
+        machine = trees.DEMO_HOSTS[host]
+        self.root = Path(trees.materialize(machine, self.base / ".demo" / host))
+        snapshot = trees.GPU_SNAPSHOT_DIR / f"{machine}.json"
+        if snapshot.is_file():
+            shutil.copyfile(snapshot, self.root / "gpu-snapshot.json")
+
+    def playbook(self, name: str, *args, env=None) -> Run:
+        playbook = REPO / "site.yml" if name == "site.yml" else REPO / "playbooks" / name
+        return ansible_playbook(playbook, self.inventory, "--limit", self.host, *args, env=env)
+
+    def site(self, *args) -> Run:
+        return self.playbook("site.yml", *args)
+
+    def drift(self, name: str) -> tuple:
+        """(the run, this host's entry of the drift report) of drift_check.yml."""
+        env = {"NUMAFLEET_DRIFT_REPORT_DIR": str(self.base / name)}
+        run = self.playbook("drift_check.yml", env=env)
+        report = json.loads((self.base / name / "latest" / "drift.json").read_text())
+        return run, report["hosts"][self.host]
+
+    def verify(self, name: str) -> tuple:
+        """(the run, this host's entry of verify.json) of verify.yml."""
+        run = self.playbook("verify.yml", "-e", f"numafleet_report_dir={self.base / name}")
+        return run, json.loads((self.base / name / "verify.json").read_text())["hosts"][self.host]
+
+    def unit(self, name: str) -> str:
+        """The text of a rendered unit file (etc/systemd/system/<name>) of the render root."""
+        return (self.root / "root" / "etc" / "systemd" / "system" / name).read_text()

@@ -40,6 +40,7 @@ def _playbook(roles: list) -> list:
                         "placements": "{{ numafleet_placements }}",
                         "tenants": "{{ numafleet_tenants | default([]) }}",
                         "reserved_cpus": "{{ numafleet_reserved_cpus | default('') }}",
+                        "gpu_partitions": "{{ numafleet_gpu_partitions | default([]) }}",
                         "mig_gpus": "{{ numafleet_mig_gpus | default([]) }}",
                     },
                 },

@@ -120,10 +120,21 @@ def test_modules_run_once_per_role_per_host(fleet):
             for g in gpus
         )
         gpu_layers = ["gpu"] if declared.get("numafleet_gpu_settings") else []
-        if in_mig or declared.get("numafleet_mig_gpus"):
+        nvidia = [
+            entry
+            for entry in declared.get("numafleet_gpu_partitions") or []
+            if not {"compute_partition", "memory_partition"} & set(entry)
+        ]
+        if in_mig or declared.get("numafleet_mig_gpus") or nvidia:
             gpu_layers.append("mig")
         if any("mps" in p for p in declared.get("numafleet_placements", [])):
             gpu_layers.append("mps")
+        # The amd layer runs where the plan has AMD GPUs (plan key amd_partitions).
+        if any(
+            {"compute_partition", "memory_partition"} & set(entry)
+            for entry in declared.get("numafleet_gpu_partitions") or []
+        ):
+            gpu_layers.append("amd")
         with_gpu_roles[host] = gpu_layers
         ran = [r["action"] for r in fleet.first.results(host) if r["status"] != "skipped"]
         remote = sorted(a for a in ran if a not in CONTROLLER_SIDE)
@@ -132,16 +143,17 @@ def test_modules_run_once_per_role_per_host(fleet):
             ran,
         )
         layers = fleet.first.one(host, APPLY_TASK)["layers"]
-        every = ["hugepages", "kernel", "gpu", "mig", "mps", "units"]
+        every = ["hugepages", "kernel", "gpu", "amd", "mig", "mps", "units"]
         # The results come back as JSON with sorted keys: compare the sets of layers.
         assert sorted(layers) == sorted(
-            name for name in every if name not in ("gpu", "mig", "mps") or name in gpu_layers
+            name for name in every if name not in ("gpu", "amd", "mig", "mps") or name in gpu_layers
         ), (host, list(layers))
     # The demo fleet has both kinds: the MIG and MPS server gets the GPU modules, the others not
     # (gpu-h100-01 has MIG-capable GPUs, none in MIG mode and no layout declared; it declares
     # GPU settings).
     assert with_gpu_roles["gpu-a100-01"] == ["mig", "mps"]
     assert with_gpu_roles["gpu-h100-01"] == ["gpu"] and with_gpu_roles["qemu-2node-01"] == []
+    assert with_gpu_roles["mi300x-01"] == ["amd"]
 
 
 def test_one_summary_line_per_host(fleet):
@@ -280,7 +292,7 @@ def test_rendered_unit_lines(fleet, host, name, lines):
         assert line in text, f"{host} {name}: {line!r} missing from\n" + "\n".join(text)
 
 
-NO_PLACEMENTS = ("mi300x-01", "power9-v100-01")
+NO_PLACEMENTS = ("power9-v100-01",)
 # Files of the hugepages and numa_kernel roles; everything else under a render root is pinned_units'.
 HUGEPAGE_FILES = {
     "etc/numafleet/hugepages.json",
@@ -305,11 +317,15 @@ def test_every_host_has_a_manifest_of_what_it_owns(fleet):
                 "etc/numafleet/plan.json",  # the recorded plan: never removed, so not listed
             }
         )
-        # The GPU roles own their files themselves (MPS: its own manifest; MIG: fixed paths).
+        # The GPU roles own their files themselves (MPS: its own manifest; MIG and AMD
+        # partitions: fixed paths).
         gpu_files = {
             p
             for p in files
-            if "nvidia-mps@" in p or "mig" in p.rsplit("/", 1)[-1] or p.endswith("mps-units.json")
+            if "nvidia-mps@" in p
+            or "mig" in p.rsplit("/", 1)[-1]
+            or "amd-partition" in p.rsplit("/", 1)[-1]
+            or p.endswith("mps-units.json")
         }
         # Render mode's recordings of the MPS daemons and MIG layouts (docs/architecture.md,
         # "Render mode and the demo fleet"): the running state of the rendered host, not files

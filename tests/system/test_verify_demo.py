@@ -136,7 +136,9 @@ def test_report_files_are_returned_and_written_on_the_controller(fleet):
     assert sorted(p.name for p in fleet.reports().iterdir()) == sorted(REPORT_FILES)
 
 
-STATIC = ("rendered_units", "effective_units")
+# Checks that read files and facts, not the running host: they pass in render mode too
+# (gpu_partitions: the partition modes and visible devices of hosts with AMD GPUs).
+STATIC = ("rendered_units", "effective_units", "gpu_partitions")
 
 
 def test_runtime_checks_skipped_with_reason_and_static_checks_pass(fleet):
@@ -177,6 +179,8 @@ def test_runtime_checks_skipped_with_reason_and_static_checks_pass(fleet):
     effective = {c["subject"]: c for c in a100 if c["check"] == "effective_units"}
     assert "numafleet-team\\x2da.slice" in effective and "llm-70b" in effective, sorted(effective)
     assert effective["llm-70b"]["target"]["NUMAPolicy"] == "bind"
+    amd = [c for c in report["hosts"]["mi300x-01"]["checks"] if c["check"] == "gpu_partitions"]
+    assert len(amd) == 8 + 17 and {c["status"] for c in amd} == {"pass"}, amd
     gh200 = {c["subject"] for c in report["hosts"]["gh200-01"]["checks"]}
     assert "tritonserver.service" in gh200  # a drop-in counts for its unit
 

@@ -37,7 +37,15 @@ from ansible_collections.numafleet.tuning.plugins.plugin_utils import _host_vars
 
 REPO = Path(__file__).resolve().parents[2]
 PLAYBOOKS = REPO / "playbooks"
-ROLES = ["hugepages", "numa_kernel", "nvidia_gpu", "nvidia_mig", "nvidia_mps", "pinned_services"]
+ROLES = [
+    "hugepages",
+    "numa_kernel",
+    "nvidia_gpu",
+    "amd_partition",
+    "nvidia_mig",
+    "nvidia_mps",
+    "pinned_services",
+]
 SOURCES = schema.role_input_sources()
 # A numafleet_* name that is read: not an attribute (ansible_facts.numafleet_plan), not internal
 # (__numafleet_site_plan), not a file name (numafleet_drift.prom).
@@ -278,6 +286,7 @@ def test_verify_checks_the_host_variables_before_reading_the_host():
         ("numafleet_tenants", placements.TENANT_KEYS),
         ("numafleet_hugepages_extra", placements.HUGEPAGES_EXTRA_KEYS),
         ("numafleet_mig_gpus", placements.MIG_GPU_KEYS),
+        ("numafleet_gpu_partitions", placements.GPU_PARTITION_KEYS),
     ],
 )
 def test_the_schema_has_the_planners_keys_in_its_order(var, keys):
@@ -291,6 +300,9 @@ def test_the_schema_has_the_planners_nested_keys():
     mig = {key.name: key for key in schema.BY_NAME["numafleet_mig_gpus"].keys}
     assert tuple(key.name for key in mig["layout"].keys) == placements.MIG_INSTANCE_KEYS
     assert mig["mode"].choices == placements.MIG_MODES
+    partitions = {key.name: key for key in schema.BY_NAME["numafleet_gpu_partitions"].keys}
+    assert partitions["compute_partition"].choices == placements.AMD_COMPUTE_PARTITIONS
+    assert partitions["memory_partition"].choices == placements.AMD_MEMORY_PARTITIONS
     assert placement["cpus"].default is schema.REQUIRED
     assert placement["name"].default is schema.REQUIRED
 
@@ -303,6 +315,7 @@ def test_the_plan_and_verify_defaults_are_the_schemas():
         ("memory_headroom_pct", "numafleet_memory_headroom_pct"),
         ("hugepages_extra", "numafleet_hugepages_extra"),
         ("mig_gpus", "numafleet_mig_gpus"),
+        ("gpu_partitions", "numafleet_gpu_partitions"),
     ):
         assert PLAN_SPEC[option]["default"] == schema.BY_NAME[var].default, option
         assert schema.BY_NAME[var].checked_by == "numafleet.tuning.numa_plan", var

@@ -10,7 +10,7 @@ files exist (ansible_facts.numafleet_state_paths) and what the last apply record
 from __future__ import annotations
 
 import os
-from typing import Callable
+from typing import Callable, Optional
 
 from . import allowed, pci, topology
 from .errors import NumaTuneError
@@ -22,10 +22,12 @@ class StatePathError(NumaTuneError):
 
 
 # The format of ansible_facts.numa: bumped whenever a release adds keys that the controller needs
-# (2: allowed, pid1, kernel.osrelease, nodes_per_package, snc_like, numa_node_raw, memory tiers).
+# (2: allowed, pid1, kernel.osrelease, nodes_per_package, snc_like, numa_node_raw, memory tiers;
+# 3: kernel.cmdline, kernel.nohz_full_supported; 4: the GPU entries' amd records and the
+# amdsmi key of gpu_topology, which the planner needs for AMD partitions).
 # numa_facts' reuse_cached answers only with cached facts of this format, so that facts a fact
 # cache kept from an older release are gathered again instead of silently lacking those keys.
-FACTS_VERSION = 3
+FACTS_VERSION = 4
 
 
 def read_numa_facts(reader: Reader) -> dict:
@@ -86,12 +88,18 @@ def read_state_paths(paths: list) -> list:
 
 
 def gather_facts(
-    params: dict, check_mode: bool, runner: Callable, which: Callable, load_nvml: Callable
+    params: dict,
+    check_mode: bool,
+    runner: Callable,
+    which: Callable,
+    load_nvml: Callable,
+    load_amdsmi: Optional[Callable] = None,
 ) -> tuple:
     """(ansible_facts, whether gpu_snapshot_out was written) of numa_facts for its ``params``.
 
     Raises StatePathError, TopologyError, and with ``gpu`` whatever gather_gpu_topology raises.
-    ``runner``, ``which`` and ``load_nvml`` are used only with ``gpu``; see gather_gpu_topology.
+    ``runner``, ``which``, ``load_nvml`` and ``load_amdsmi`` are used only with ``gpu``; see
+    gather_gpu_topology.
     The GPU pass reads through a sibling reader: the files the NUMA pass read are not read
     again, and its warnings are only the GPU pass's own, as gpu_topology_facts reports them.
     """
@@ -118,6 +126,7 @@ def gather_facts(
             snapshot=params.get("gpu_snapshot"),
             snapshot_out=params.get("gpu_snapshot_out"),
             check_mode=check_mode,
+            load_amdsmi=load_amdsmi,
         )
     if state_paths:
         facts["numafleet_state_paths"] = read_state_paths(state_paths)

@@ -25,23 +25,25 @@ from typing import Callable, Optional
 
 from . import pci, topology
 from .errors import CommandOutputError
-from .gpu_records import (
+
+# Shared records (gpu_records); some are only re-exported, read by callers as gpu.<name>.
+from .gpu_records import (  # noqa: F401  pylint: disable=unused-import
     ENRICHED_FIELDS,
     NVIDIA_SMI_COMMAND,
+    NVML_AFFINITY_WORDS,
+    SNAPSHOT_FORMAT,
+    SNAPSHOT_VERSION,
+    SOURCE_NVIDIA_SMI,
+    SOURCE_NVML,
+    SOURCE_SNAPSHOT,
     SOURCE_SYSFS,
     GpuState,
     SysfsGpu,
+    mig_memory_gb,
+    normalise_bus_id,
     nvml_unavailable,
 )
-from .gpu_records import NVML_AFFINITY_WORDS as NVML_AFFINITY_WORDS  # re-exported
-from .gpu_records import SNAPSHOT_FORMAT as SNAPSHOT_FORMAT  # re-exported
-from .gpu_records import SNAPSHOT_VERSION as SNAPSHOT_VERSION  # re-exported
-from .gpu_records import SOURCE_NVIDIA_SMI as SOURCE_NVIDIA_SMI  # re-exported
-from .gpu_records import SOURCE_NVML as SOURCE_NVML  # re-exported
-from .gpu_records import SOURCE_SNAPSHOT as SOURCE_SNAPSHOT  # re-exported
 from .gpu_records import address_key as _address_key
-from .gpu_records import mig_memory_gb as mig_memory_gb  # re-exported
-from .gpu_records import normalise_bus_id as normalise_bus_id  # re-exported
 from .gpu_records import quote as _quote
 from .gpu_records import sorted_warnings as _sorted_warnings
 from .sysfs import Reader
@@ -341,8 +343,12 @@ def merge(gpus: list, state: GpuState, node_cpus: Optional[dict] = None) -> tupl
     return entries, warnings
 
 
-def read_gpu_topology(reader: Reader, state: GpuState) -> dict:
+def read_gpu_topology(
+    reader: Reader, state: GpuState, load_amdsmi: Optional[Callable] = None
+) -> dict:
     """JSON-ready ansible_facts.gpu_topology: sysfs GPUs (via ``reader``) enriched by ``state``.
+
+    AMD GPUs get their ``amd`` record (gpu_amd.annotate; ``load_amdsmi`` as there).
 
     Raises TopologyError when the roots are not a sysfs/procfs tree at all (Reader.check_roots).
     """
@@ -350,8 +356,14 @@ def read_gpu_topology(reader: Reader, state: GpuState) -> dict:
     node_cpus = topology.read_node_cpus(reader)
     gpus = read_gpus(reader, node_cpus)
     entries, warnings = merge(gpus, state, node_cpus)
+    from . import gpu_amd
+
+    amdsmi = gpu_amd.annotate(
+        reader, entries, load_amdsmi, state.amd if state.snapshot_path else None
+    )
     return {
         "gpus": entries,
+        "amdsmi": amdsmi,
         "nvml": dict(state.nvml),
         "nvidia_smi": dict(state.nvidia_smi),
         "snapshot": {
@@ -423,6 +435,7 @@ def gather_gpu_topology(
     snapshot_out: Optional[str] = None,
     check_mode: bool = False,
     library_loads: Callable = read_nvml_library,
+    load_amdsmi: Optional[Callable] = None,
 ) -> tuple:
     """(ansible_facts.gpu_topology, whether ``snapshot_out`` was written) for the host.
 
@@ -447,10 +460,10 @@ def gather_gpu_topology(
         snapshot=snapshot,
         nvidia_smi_timeout=nvidia_smi_timeout if killer else None,
     )
-    facts = read_gpu_topology(reader, state)
+    facts = read_gpu_topology(reader, state, None if snapshot else load_amdsmi)
     if snapshot_out and not check_mode:
-        from . import gpu_snapshot
+        from . import gpu_amd, gpu_snapshot
 
-        gpu_snapshot.write_snapshot(snapshot_out, state)
+        gpu_snapshot.write_snapshot(snapshot_out, replace(state, amd=gpu_amd.recorded(facts)))
         return facts, True
     return facts, False

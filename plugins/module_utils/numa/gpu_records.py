@@ -82,6 +82,7 @@ class GpuState:
     gpus: dict
     warnings: tuple = ()
     snapshot_path: Optional[str] = None
+    amd: Optional[dict] = None  # {"amdsmi": fact, "gpus": {address: amd record}} (gpu_amd)
 
     @property
     def label(self) -> Optional[str]:

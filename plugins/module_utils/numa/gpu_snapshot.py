@@ -124,6 +124,35 @@ _RECORD = _obj(
         )
     ),
 )
+_MODES = _opt(_obj(current=_opt(_STR), available=_list(_STR)))
+_AMD_RECORD = _obj(
+    model=_opt(_STR),
+    kfd_node=_opt(_INT),
+    gpu_id=_opt(_INT),
+    unique_id=_opt(_STR),
+    uuid=_opt(_STR),
+    drm_card=_opt(_STR),
+    render_minor=_opt(_INT),
+    vram_total_mib=_opt(_INT),
+    compute_partition=_MODES,
+    memory_partition=_MODES,
+    compatible_memory_partitions=_opt(("map", _list(_STR))),
+    compatible_source=_opt(("enum", ("sysfs", "amdsmi", "table"))),
+    xcd_count=_opt(_INT),
+    logical_gpus=_list(
+        _obj(
+            index=_INT,
+            uuid=_opt(_STR),
+            unique_id=_opt(_STR),
+            kfd_node=_opt(_INT),
+            gpu_id=_opt(_INT),
+            render_minor=_opt(_INT),
+            xcds=_list(_INT),
+        )
+    ),
+    processes=_opt(_list(_obj(pid=_opt(_INT), name=_opt(_STR)))),
+    source=("enum", ("sysfs", "amdsmi", "amd-smi", "snapshot")),
+)
 _SNAPSHOT = _obj(
     format=_STR,
     version=_INT,
@@ -132,6 +161,13 @@ _SNAPSHOT = _obj(
     nvidia_smi=_obj(used=_BOOL, reason=_opt(_STR), driver_version=_opt(_STR)),
     gpus=_list(_RECORD),
     warnings=_list(_obj(path=_STR, reason=_STR)),
+    # AMD GPUs (gpu_amd.recorded): written only for hosts with one; version 1 still reads.
+    amd=_absent_ok(
+        _obj(
+            amdsmi=_obj(available=_BOOL, reason=_opt(_STR), version=_opt(_STR)),
+            gpus=("map", _AMD_RECORD),
+        )
+    ),
 )
 _JSON_TYPES = ((bool, "a boolean"), (int, "a number"), (float, "a number"), (str, "a string"))
 
@@ -200,7 +236,7 @@ def as_snapshot(state: GpuState) -> dict:
         record = copy.deepcopy(state.gpus[address])
         record["address"] = address
         gpus.append(record)
-    return {
+    doc = {
         "format": SNAPSHOT_FORMAT,
         "version": SNAPSHOT_VERSION,
         "recorded_from": state.source,
@@ -209,6 +245,9 @@ def as_snapshot(state: GpuState) -> dict:
         "gpus": gpus,
         "warnings": sorted_warnings(state.warnings),
     }
+    if state.amd is not None:
+        doc["amd"] = copy.deepcopy(state.amd)
+    return doc
 
 
 def parse_snapshot(text: str, path: str) -> GpuState:
@@ -240,6 +279,7 @@ def parse_snapshot(text: str, path: str) -> GpuState:
         gpus=gpus,
         warnings=tuple(doc["warnings"]),
         snapshot_path=path,
+        amd=doc.get("amd"),
     )
 
 

@@ -1,8 +1,8 @@
 # Private to this collection: may change in any release.
-"""The apply layers (hugepages, kernel, gpu, mig, mps, units) as one function each, behind ``run``.
+"""The apply layers (hugepages, kernel, gpu, amd, mig, mps, units) as one function each, behind ``run``.
 
-The apply modules (numa_hugepages, numa_kernel, nvidia_gpu_settings, nvidia_mig, nvidia_mps,
-pinned_units) and
+The apply modules (numa_hugepages, numa_kernel, nvidia_gpu_settings, amd_partition, nvidia_mig,
+nvidia_mps, pinned_units) and
 host_apply call ``run(layer, params, host)``; it returns the module result of that layer (the
 same keys the module returns) and raises LayerError (``msg`` and ``ran``). ``host`` is anything
 with the attributes and methods of ``ModuleHost`` (an AnsibleModule adapted by it, or a test
@@ -26,7 +26,7 @@ from typing import Optional
 
 from .errors import NumaTuneError
 
-LAYERS = ("hugepages", "kernel", "gpu", "mig", "mps", "units")
+LAYERS = ("hugepages", "kernel", "gpu", "amd", "mig", "mps", "units")
 ENVIRON = {"LC_ALL": "C", "LANG": "C"}
 _SYSTEMD = dict(type="str", choices=["systemd", "none"], default="systemd")
 
@@ -36,6 +36,8 @@ _MIG_STATE_PATH = "/etc/numafleet/mig.json"
 _MIG_BOOT_PROGRAM_PATH = "/usr/local/libexec/numafleet-mig"
 _MIG_PARTED_PATH = "/etc/numafleet/mig-parted.yaml"
 _MPS_MANIFEST_PATH = "/etc/numafleet/mps-units.json"
+_AMD_STATE_PATH = "/etc/numafleet/amd-partition.json"
+_AMD_BOOT_PROGRAM_PATH = "/usr/local/libexec/numafleet-amd-partition"
 _MPS_CONTROL = "/usr/bin/nvidia-cuda-mps-control"
 _MPS_NVIDIA_SMI = "/usr/bin/nvidia-smi"
 _UNITS_HEADER = "# Managed by numafleet.tuning"
@@ -136,6 +138,20 @@ SPECS = {
         procfs_root=dict(type="path", default="/proc"),
         sysfs_root=dict(type="path", default="/sys"),
     ),
+    "amd": dict(
+        # plan.amd_partitions entries, checked by the core (amd_partition.plan_changes).
+        gpus=dict(type="list", elements="dict", required=True),
+        reset_ok=dict(type="bool", default=False),
+        owned_units=dict(type="list", elements="str", default=[]),
+        backend=dict(type="str", choices=["auto", "amdsmi", "amd-smi", "sysfs"], default="auto"),
+        root=dict(type="path", default="/"),
+        state_path=dict(type="path", default=_AMD_STATE_PATH),
+        boot_program_path=dict(type="path", default=_AMD_BOOT_PROGRAM_PATH),
+        unit_dir=dict(type="path", default=_UNIT_DIR),
+        service_manager=_SYSTEMD,
+        procfs_root=dict(type="path", default="/proc"),
+        sysfs_root=dict(type="path", default="/sys"),
+    ),
     "mig": dict(
         gpus=dict(type="list", elements="dict", required=True, options=_MIG_GPU),
         reset_ok=dict(type="bool", default=False),
@@ -194,11 +210,13 @@ class ModuleHost:
 
     ``load_pynvml()`` gives the pynvml module or None (the module file imports it: the core
     imports nothing outside the standard library); without it the mig layer has no NVML.
+    ``load_amdsmi()`` likewise gives the amdsmi module or None (the amd layer's amdsmi backend).
     """
 
-    def __init__(self, module, load_pynvml=None) -> None:
+    def __init__(self, module, load_pynvml=None, load_amdsmi=None) -> None:
         self.module = module
         self.load_pynvml = load_pynvml
+        self.load_amdsmi = load_amdsmi
         self.check_mode = bool(module.check_mode)
         self.diff = bool(module._diff)
 
@@ -245,9 +263,9 @@ def run(layer: str, params: dict, host) -> dict:
         raise LayerError(str(exc), ran if layer in _RAN_ON_FAILURE else None) from None
 
 
-def run_module(module, layer: str, load_pynvml=None) -> None:
+def run_module(module, layer: str, load_pynvml=None, load_amdsmi=None) -> None:
     """Lock + run + exit_json/fail_json for one of the thin apply modules; never returns."""
-    host = ModuleHost(module, load_pynvml)
+    host = ModuleHost(module, load_pynvml, load_amdsmi)
     try:
         with lock(module.params["root"], host.check_mode):
             result = run(layer, module.params, host)
@@ -381,6 +399,31 @@ def _gpu(params: dict, host, ran: list) -> dict:
     from . import gpu_settings
 
     result = gpu_settings.run(dict(params), host.check_mode, _GpuHost(host, params), ran)
+    for warning in result.pop("warnings"):
+        host.warn(warning)
+    if not host.diff:
+        result.pop("diff")
+    return result
+
+
+def _amd(params: dict, host, ran: list) -> dict:
+    """The amd layer: amd_partition.run with the host's runner, which and amdsmi loader."""
+    import os
+
+    from . import amd_partition
+
+    def runner(argv):
+        return host.run_command(argv, environ_update=dict(ENVIRON))
+
+    result = amd_partition.run(
+        dict(params),
+        host.check_mode,
+        runner,
+        host.get_bin_path,
+        getattr(host, "load_amdsmi", None),
+        exclude_pids=(os.getpid(),),
+    )
+    ran.extend(result["ran"])
     for warning in result.pop("warnings"):
         host.warn(warning)
     if not host.diff:
@@ -630,11 +673,14 @@ def _units(params: dict, host, ran: list) -> dict:
         host.warn(item.message())
     for unit in sorted(set(waiting) & set(actions.units["changed"])):
         waits = waiting[unit]
+        if "partition" in waits:  # AMD: a logical GPU of a compute partition still to be made
+            what, device = waits.get("partition"), "logical GPU"
+        else:
+            what, device = f"MIG instance {waits.get('mig_instance')}", "MIG device"
         host.warn(
-            f"{unit}: its unit file changed, but it is not restarted: it waits for MIG instance "
-            f"{waits.get('mig_instance')} ({waits.get('reason')}). If it runs (started by "
-            "hand), it runs as before, without its planned MIG device: stop it until the "
-            "instance exists"
+            f"{unit}: its unit file changed, but it is not restarted: it waits for {what} "
+            f"({waits.get('reason')}). If it runs (started by hand), it runs as before, "
+            f"without its planned {device}: stop it until it exists"
         )
     every = [change for change in changes + [manifest_change, plan_change] if change is not None]
     handlers = systemd and not host.check_mode
@@ -691,6 +737,7 @@ _RUNNERS = {
     "hugepages": _hugepages,
     "kernel": _kernel,
     "gpu": _gpu,
+    "amd": _amd,
     "mig": _mig,
     "mps": _mps,
     "units": _units,
@@ -698,14 +745,16 @@ _RUNNERS = {
 
 # The MIG boot unit's file name, as mig.UNIT_NAME.
 MIG_UNIT = "numafleet-mig.service"
+# The AMD partition boot unit's file name, as amd_partition.UNIT_NAME.
+AMD_UNIT = "numafleet-amd-partition.service"
 HUGEPAGES_UNIT = "numafleet-hugepages.service"
 _RESTART_LINE = re.compile(r"^systemctl (try-)?restart ")
 
 
-def _changed_mig_unit(result: dict) -> Optional[dict]:
-    """The MIG boot unit's entry in the mig result's files when it changed, else None."""
+def _changed_mig_unit(result: dict, name: str = MIG_UNIT) -> Optional[dict]:
+    """The boot unit ``name``'s entry in a layer result's files when it changed, else None."""
     for entry in result.get("files") or ():
-        if entry.get("path", "").endswith("/" + MIG_UNIT) and entry.get("state") != "unchanged":
+        if entry.get("path", "").endswith("/" + name) and entry.get("state") != "unchanged":
             return entry
     return None
 
@@ -719,6 +768,8 @@ def _reload_needed(results: dict) -> bool:
         or hp.get("handler_mount_start")
     )
     if hp.get("handler_enable") or mounts or _changed_mig_unit(mig):
+        return True
+    if _changed_mig_unit(results.get("amd") or {}, AMD_UNIT):
         return True
     return any((results.get(name) or {}).get("reload_needed") for name in ("mps", "units"))
 
@@ -756,6 +807,9 @@ def handler_argvs(results: dict, restart: str = "auto", awaited=()) -> list:
     if hp.get("cmdline_changed", hp.get("reboot_required")) and hp.get("bootloader") == "grub_d":
         argvs.append(["update-grub"])
     argvs += [list(argv) for argv in hp.get("grubby_argvs") or ()]
+    unit = _changed_mig_unit(results.get("amd") or {}, AMD_UNIT)
+    if unit is not None and unit.get("state") != "remove":
+        argvs.append(["systemctl", "enable", AMD_UNIT])
     unit = _changed_mig_unit(mig)
     if unit is not None and unit.get("state") != "remove":
         argvs.append(["systemctl", "enable", MIG_UNIT])
@@ -804,6 +858,7 @@ _PLAN_LISTS = {
     "hugepages": ("nodes",),
     "kernel": (),
     "gpu": ("mps_daemons",),
+    "amd": (),  # amd_partitions is present only on hosts with AMD GPUs
     "mig": ("mig_gpus", "placements", "mps_daemons"),
     "mps": ("mps_daemons",),
     "units": ("placements",),
@@ -813,6 +868,7 @@ SUPPLIED = {
     "hugepages": ("root", "service_manager", "pools"),
     "kernel": ("root", "service_manager"),
     "gpu": ("root", "service_manager", "mps_gpus"),
+    "amd": ("root", "service_manager", "gpus", "owned_units"),
     "mig": ("root", "service_manager", "gpus", "owned_units"),
     "mps": ("root", "service_manager", "plan"),
     "units": ("root", "service_manager", "plan"),
@@ -850,7 +906,8 @@ def check_plan(plan, host: Optional[str] = None, enabled=LAYERS) -> None:
 def supplied_params(layer: str, plan: dict, root: str, service_manager: str) -> dict:
     """The options of ``layer`` host_apply derives from the plan, ``root`` and ``service_manager``.
 
-    hugepages: ``pools`` = one {node, size_kb, count} per plan.nodes[].hugepages[]; mig: ``gpus``
+    hugepages: ``pools`` = one {node, size_kb, count} per plan.nodes[].hugepages[]; amd: ``gpus``
+    = plan.amd_partitions ([] when absent), ``owned_units`` = their owned_units; mig: ``gpus``
     = plan.mig_gpus, ``owned_units`` = the units of plan.placements and plan.mps_daemons (entries
     with a unit); mps, units: ``plan``. Shapes are the plan's (check_plan first).
     """
@@ -868,6 +925,12 @@ def supplied_params(layer: str, plan: dict, root: str, service_manager: str) -> 
             for entry in (plan.get("placements") or []) + (plan.get("mps_daemons") or [])
             if isinstance(entry, dict) and entry.get("unit")
         ]
+    elif layer == "amd":
+        gpus = [g for g in plan.get("amd_partitions") or [] if isinstance(g, dict)]
+        params["gpus"] = gpus
+        params["owned_units"] = sorted(
+            {str(unit) for gpu in gpus for unit in gpu.get("owned_units") or ()}
+        )
     elif layer == "gpu":
         params["mps_gpus"] = sorted(
             {
@@ -881,13 +944,16 @@ def supplied_params(layer: str, plan: dict, root: str, service_manager: str) -> 
     return params
 
 
-def replan(plan: dict, settings: dict, host) -> dict:
-    """The host's plan made again after the MIG layer changed the GPUs; raises LayerError.
+def replan(plan: dict, settings: dict, host, layer: str = "mig") -> dict:
+    """The host's plan made again after the ``layer`` (mig or amd) changed the GPUs; raises
+    LayerError.
 
     The GPUs are read again as numa_facts (gpu: true) reads them, with ``settings`` sysfs_root,
     procfs_root and gpu_snapshot; the planner is called as the numa_plan action calls it with
     ``settings`` numa (read again when empty), placements, tenants, policy, hugepages_extra and
-    mig_gpus, and ``plan`` as the recorded plan, so that placements keep their resources; its
+    mig_gpus (numafleet_gpu_partitions, else numafleet_mig_gpus: the one partition list of both
+    vendors), and
+    ``plan`` as the recorded plan, so that placements keep their resources; its
     awaiting_restart is carried over. ``host`` is the host protocol (its load_pynvml is used).
     """
     from . import facts, planner
@@ -900,6 +966,7 @@ def replan(plan: dict, settings: dict, host) -> dict:
         return (module, None) if module else (None, "nvidia-ml-py (import pynvml) is not installed")
 
     name = plan.get("host")
+    what = "the AMD partition change" if layer == "amd" else "the MIG change"
     gather = {
         "sysfs_root": settings.get("sysfs_root") or "/sys",
         "procfs_root": settings.get("procfs_root") or "/proc",
@@ -929,7 +996,8 @@ def replan(plan: dict, settings: dict, host) -> dict:
         )
     except NumaTuneError as exc:
         raise LayerError(
-            f"host {name}: re-planning after the MIG change failed: {exc}; the MIG layout is "
+            f"host {name}: re-planning after {what} failed: {exc}; "
+            f"{'the partition modes are' if layer == 'amd' else 'the MIG layout is'} "
             "applied: fix the input and run again"
         ) from None
     new["awaiting_restart"] = list(plan.get("awaiting_restart") or [])

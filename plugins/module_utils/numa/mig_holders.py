@@ -126,7 +126,11 @@ def _read(path: str) -> Optional[str]:
         return None
 
 
-def _open_devices(fd_dir: str) -> list:
+def open_devices(fd_dir: str, prefixes=(DEV_PREFIX,)) -> list:
+    """The sorted /dev paths starting with one of ``prefixes`` that the fd links of ``fd_dir``
+    (``<procfs_root>/<pid>/fd``) point at (os.readlink: the target need not exist where the tree
+    is read; a `` (deleted)`` tail is dropped); [] when unreadable. Shared by the MIG holders and
+    the AMD partition holders (amd_partition.read_amd_holders)."""
     try:
         names = os.listdir(fd_dir)
     except OSError:
@@ -139,7 +143,7 @@ def _open_devices(fd_dir: str) -> list:
             continue
         if target.endswith(_DELETED):
             target = target[: -len(_DELETED)]
-        if target.startswith(DEV_PREFIX):
+        if target.startswith(tuple(prefixes)):
             devices.add(target)
     return sorted(devices)
 
@@ -160,6 +164,23 @@ def read_pid_unit(procfs_root: str, pid: int) -> Optional[str]:
     return None
 
 
+def process_ids(procfs_root: str, exclude_pids=()) -> list:
+    """The PIDs under ``procfs_root`` (numeric entries), ascending, without ``exclude_pids``."""
+    skip = {int(pid) for pid in exclude_pids}
+    try:
+        names = os.listdir(procfs_root)
+    except OSError:
+        return []
+    return [
+        int(n) for n in sorted((n for n in names if n.isdigit()), key=int) if int(n) not in skip
+    ]
+
+
+def read_comm(procfs_root: str, pid: int) -> Optional[str]:
+    """<procfs_root>/<pid>/comm stripped, None when unreadable or empty."""
+    return (_read(os.path.join(procfs_root, str(pid), "comm")) or "").strip() or None
+
+
 def read_holders(
     procfs_root: str = "/proc",
     sysfs_root: str = "/sys",
@@ -174,18 +195,10 @@ def read_holders(
     """
     if minors is None:
         minors = read_gpu_minors(procfs_root)
-    skip = {int(pid) for pid in exclude_pids}
-    try:
-        names = os.listdir(procfs_root)
-    except OSError:
-        names = []
     holders = []
-    for name in sorted((n for n in names if n.isdigit()), key=int):
-        pid = int(name)
-        if pid in skip:
-            continue
-        devices = _open_devices(os.path.join(procfs_root, name, "fd"))
-        comm = (_read(os.path.join(procfs_root, name, "comm")) or "").strip() or None
+    for pid in process_ids(procfs_root, exclude_pids):
+        devices = open_devices(os.path.join(procfs_root, str(pid), "fd"))
+        comm = read_comm(procfs_root, pid)
         daemon = comm in DAEMONS
         if not devices and not daemon:
             continue

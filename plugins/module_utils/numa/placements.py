@@ -35,6 +35,7 @@ PLACEMENT_KEYS = (
     "hugepages",
     "environment",
     "mig_profile",
+    "partition",
     "mps",
     "allow_span",
     "hardening",
@@ -49,6 +50,9 @@ HUGEPAGE_KEYS = ("size", "count")
 HUGEPAGES_EXTRA_KEYS = ("node", "size", "count")
 MIG_GPU_KEYS = ("gpu", "mode", "layout")
 MIG_INSTANCE_KEYS = ("profile", "start", "compute_profile")
+# numafleet_gpu_partitions: the MIG keys (NVIDIA) and the AMD compute/memory partition keys.
+AMD_PARTITION_KEYS = ("compute_partition", "memory_partition")
+GPU_PARTITION_KEYS = MIG_GPU_KEYS + AMD_PARTITION_KEYS
 MPS_KEYS = ("active_thread_percentage", "pinned_memory_limit")
 # Set by the planner from the GPUs it picks: a user value would point at other devices.
 RESERVED_ENV = ("CUDA_VISIBLE_DEVICES",)
@@ -64,6 +68,7 @@ _KEY_SETS = {
         HUGEPAGES_EXTRA_KEYS,
         MIG_GPU_KEYS,
         MIG_INSTANCE_KEYS,
+        GPU_PARTITION_KEYS,
     )
 }
 PLACEMENTS_VAR = "numafleet_placements"
@@ -72,7 +77,18 @@ RESERVED_VAR = "numafleet_reserved_cpus"
 HEADROOM_VAR = "numafleet_memory_headroom_pct"
 HUGEPAGES_EXTRA_VAR = "numafleet_hugepages_extra"
 MIG_GPUS_VAR = "numafleet_mig_gpus"
+GPU_PARTITIONS_VAR = "numafleet_gpu_partitions"
 MIG_MODES = ("enabled", "disabled")
+# AMD Instinct compute partitions (XCP modes: 1, 2, 3, 4 or 8 logical GPUs) and memory
+# partitions (NPS modes), as the amdgpu sysfs files current_compute_partition and
+# current_memory_partition spell them.
+AMD_COMPUTE_PARTITIONS = ("SPX", "DPX", "TPX", "QPX", "CPX")
+AMD_MEMORY_PARTITIONS = ("NPS1", "NPS2", "NPS4", "NPS8")
+# The placement key partition: one logical GPU of a GPU in that mode (SPX is the whole GPU).
+PLACEMENT_PARTITIONS = ("DPX", "TPX", "QPX", "CPX")
+MIG_GPUS_DEPRECATED = (
+    "numafleet_mig_gpus is deprecated: rename it numafleet_gpu_partitions (same keys)"
+)
 
 _PLACEMENT_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}\Z")
 _TENANT_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}\Z")
@@ -158,6 +174,9 @@ class Placement:
     allow_span: bool
     hardening: Optional[bool]
     limits: Optional[Limits] = None  # memory_limit, weights, tasks_max (None: none set)
+    # AMD compute partition mode (DPX/TPX/QPX/CPX, upper case): one logical GPU (XCP) of an AMD
+    # GPU in that mode; None: whole GPUs (gpus:) or a MIG instance (mig_profile).
+    partition: Optional[str] = None
 
     @property
     def where(self) -> str:
@@ -180,16 +199,34 @@ class MigInstance:
 
 @dataclass(frozen=True)
 class MigGpu:
-    """One entry of numafleet_mig_gpus: the GPU, its MIG mode and (None: from the plan) layout."""
+    """One NVIDIA entry of numafleet_gpu_partitions (or of the deprecated numafleet_mig_gpus):
+    the GPU, its MIG mode and (None: from the plan) layout."""
 
     index: int
     gpu: str  # PCI address (lower case, full or BB:DD.F) or UUID
     mode: str
     layout: Optional[tuple]  # MigInstance entries; None = the plan's instances
+    var: str = MIG_GPUS_VAR  # the host variable the entry came from
 
     @property
     def where(self) -> str:
-        return f"{MIG_GPUS_VAR}[{self.index}]"
+        return f"{self.var}[{self.index}]"
+
+
+@dataclass(frozen=True)
+class AmdPartitionDecl:
+    """One AMD entry of numafleet_gpu_partitions: the GPU and its declared compute partition
+    (SPX/DPX/TPX/QPX/CPX) and memory partition (NPS1/NPS2/NPS4/NPS8), upper case; None: keep."""
+
+    index: int
+    gpu: str  # PCI address (lower case, full or BB:DD.F) or UUID
+    compute_partition: Optional[str]
+    memory_partition: Optional[str]
+    var: str = GPU_PARTITIONS_VAR
+
+    @property
+    def where(self) -> str:
+        return f"{self.var}[{self.index}]"
 
 
 @dataclass(frozen=True)
@@ -658,6 +695,9 @@ def _placement(host: str, index: int, entry, tenants: set) -> Placement:
             )
     mps = entry.get("mps")
     mps = None if mps is None else _mps(host, where, mps)
+    partition = entry.get("partition")
+    if partition is not None:
+        partition = _partition(host, where, partition, gpu_count, gpu_ids, mig_profile, mps)
     if mps is not None and mig_profile is None and gpu_count != 1:
         raise _fail(
             host,
@@ -692,7 +732,49 @@ def _placement(host: str, index: int, entry, tenants: set) -> Placement:
         ),
         hardening=None if hardening is None else _bool(host, where, "hardening", hardening, None),
         limits=parse_limits(host, where, entry, memory_kb),
+        partition=partition,
     )
+
+
+def _partition(host: str, where: str, value, gpu_count: int, gpu_ids, mig_profile, mps) -> str:
+    """The placement key partition, upper case (CPX); raises PlacementError."""
+    modes = ", ".join(mode.lower() for mode in PLACEMENT_PARTITIONS)
+    if not isinstance(value, str) or value.strip().upper() not in PLACEMENT_PARTITIONS:
+        whole = (
+            " (spx is the whole GPU: write gpus: 1 instead)"
+            if isinstance(value, str) and value.strip().upper() == "SPX"
+            else ""
+        )
+        raise _fail(
+            host,
+            f"{where}.partition: {value!r} is not an AMD compute partition mode a placement can "
+            f"take{whole}; write one of {modes} (one logical GPU of a GPU in that mode)",
+        )
+    mode = value.strip().upper()
+    if mig_profile is not None:
+        raise _fail(
+            host,
+            f"{where}: partition (AMD) and mig_profile (NVIDIA) both ask for a slot of a GPU; "
+            "keep one of them",
+        )
+    if mps is not None:
+        raise _fail(
+            host,
+            f"{where}.mps: MPS is NVIDIA only; remove mps: (a partition: {mode.lower()} "
+            "placement already has a logical GPU of its own)",
+        )
+    if gpu_ids is None and gpu_count > 1:
+        raise _fail(
+            host,
+            f"{where}: partition asks for one logical GPU; drop gpus: {gpu_count} or list the "
+            "one GPU whose logical GPU it takes",
+        )
+    if gpu_ids is not None and len(gpu_ids) != 1:
+        raise _fail(
+            host,
+            f"{where}: partition takes one logical GPU of one GPU; list exactly one GPU in gpus",
+        )
+    return mode
 
 
 def parse_tenants(host: str, raw) -> list:
@@ -925,61 +1007,156 @@ def _mig_instance(host: str, where: str, entry) -> MigInstance:
     return MigInstance(profile, start, compute)
 
 
-def parse_mig_gpus(host: str, raw) -> list:
+def _mig_gpu(host: str, index: int, entry: dict, var: str) -> MigGpu:
+    """The MigGpu of one checked mapping of var (its NVIDIA keys); raises PlacementError."""
+    where = f"{var}[{index}]"
+    ident = _gpu_ident(host, where, entry.get("gpu"))
+    mode = entry.get("mode", "enabled")
+    if mode not in MIG_MODES:
+        raise _fail(
+            host,
+            f"{where}.mode: {mode!r} is not one of enabled, disabled; write mode: enabled or "
+            "mode: disabled (YAML reads a bare on/off/yes/no as true/false)",
+        )
+    layout = entry.get("layout")
+    if layout is not None:
+        if not isinstance(layout, list):
+            raise _fail(
+                host,
+                f"{where}.layout: {layout!r} is not a list; write e.g. [3g.40gb, "
+                "{profile: 1g.10gb, start: 6}]",
+            )
+        if mode == "disabled" and layout:
+            raise _fail(
+                host,
+                f"{where}.layout: a GPU with mode: disabled has no MIG instances; remove "
+                "layout or set mode: enabled",
+            )
+        layout = tuple(
+            _mig_instance(host, f"{where}.layout[{position}]", item)
+            for position, item in enumerate(layout)
+        )
+    return MigGpu(index, ident, mode, layout, var)
+
+
+def _gpu_ident(host: str, where: str, ident) -> str:
+    """The gpu key of an entry: PCI address (lower case) or UUID; raises PlacementError."""
+    if not isinstance(ident, str) or not ident.strip():
+        raise _fail(
+            host,
+            f"{where}.gpu: {ident!r} is not a GPU; write its PCI address (0000:17:00.0) or "
+            "UUID (GPU-...)",
+        )
+    ident = ident.strip()
+    if _CONTROL.search(ident):
+        raise _fail(host, f"{where}.gpu: {ident!r} has a control character; write the address")
+    return _pci_address(ident) or ident
+
+
+def _amd_mode(host: str, where: str, key: str, value, choices: tuple) -> Optional[str]:
+    if value is None:
+        return None
+    if not isinstance(value, str) or value.strip().upper() not in choices:
+        raise _fail(
+            host,
+            f"{where}.{key}: {value!r} is not one of {', '.join(choices)}; write e.g. "
+            f"{key}: {choices[0]}",
+        )
+    return value.strip().upper()
+
+
+def _once(host: str, where: str, ident: str, out: list) -> None:
+    for earlier in out:
+        if earlier.gpu == ident:
+            raise _fail(
+                host, f"{where}.gpu: {ident} is also {earlier.where}; declare each GPU once"
+            )
+
+
+def parse_mig_gpus(host: str, raw, var: str = MIG_GPUS_VAR) -> list:
     """MigGpu dataclasses of numafleet_mig_gpus (None = []); raises PlacementError.
 
     Only the shape is checked here; the GPU, its profiles and whether the layout fits are checked
-    against the host's facts by the planner.
+    against the host's facts by the planner. AMD entries (compute_partition/memory_partition) are
+    refused: parse_gpu_partitions takes both vendors.
+    """
+    return parse_gpu_partitions(host, raw, var, amd_ok=var == GPU_PARTITIONS_VAR)[0]
+
+
+def parse_gpu_partitions(
+    host: str, raw, var: str = GPU_PARTITIONS_VAR, amd_ok: bool = True
+) -> tuple:
+    """(MigGpu list, AmdPartitionDecl list) of numafleet_gpu_partitions (None = no entries), the
+    declared partition state per GPU for both vendors; raises PlacementError.
+
+    An entry with NVIDIA keys (mode, layout) and AMD keys (compute_partition, memory_partition)
+    at once is refused; an entry with neither is NVIDIA's (mode: enabled, as MIG always had).
+    Whether the GPU is of that vendor and whether the modes are available is checked against
+    the facts by the planner.
     """
     if raw is None:
-        return []
+        return [], []
     example = "{gpu: 0000:17:00.0, mode: enabled, layout: [3g.40gb, 2g.20gb]}"
+    if amd_ok:
+        example += " or {gpu: 0000:43:00.0, compute_partition: CPX, memory_partition: NPS4}"
     if not isinstance(raw, list):
-        raise _fail(host, f"{MIG_GPUS_VAR}: {raw!r} is not a list; write a list of {example}")
-    out = []
+        raise _fail(host, f"{var}: {raw!r} is not a list; write a list of {example}")
+    keys = GPU_PARTITION_KEYS if amd_ok else MIG_GPU_KEYS
+    nvidia, amd = [], []
     for index, entry in enumerate(raw):
-        where = f"{MIG_GPUS_VAR}[{index}]"
+        where = f"{var}[{index}]"
         if not isinstance(entry, dict):
             raise _fail(host, f"{where}: {entry!r} is not a mapping; write {example}")
-        _check_keys(host, where, entry, MIG_GPU_KEYS)
-        ident = entry.get("gpu")
-        if not isinstance(ident, str) or not ident.strip():
+        _check_keys(host, where, entry, keys)
+        amd_keys = [key for key in AMD_PARTITION_KEYS if key in entry]
+        mig_keys = [key for key in ("mode", "layout") if key in entry]
+        if amd_keys and mig_keys:
             raise _fail(
                 host,
-                f"{where}.gpu: {ident!r} is not a GPU; write its PCI address (0000:17:00.0) or "
-                "UUID (GPU-...)",
+                f"{where}: {', '.join(mig_keys)} (NVIDIA MIG) and {', '.join(amd_keys)} (AMD) "
+                "in one entry; an entry declares one GPU: keep the keys of its vendor",
             )
-        ident = ident.strip()
-        ident = _pci_address(ident) or ident
-        mode = entry.get("mode", "enabled")
-        if mode not in MIG_MODES:
-            raise _fail(
+        if amd_keys:
+            ident = _gpu_ident(host, where, entry.get("gpu"))
+            compute = _amd_mode(
                 host,
-                f"{where}.mode: {mode!r} is not one of enabled, disabled; write mode: enabled or "
-                "mode: disabled (YAML reads a bare on/off/yes/no as true/false)",
+                where,
+                "compute_partition",
+                entry.get("compute_partition"),
+                AMD_COMPUTE_PARTITIONS,
             )
-        layout = entry.get("layout")
-        if layout is not None:
-            if not isinstance(layout, list):
-                raise _fail(
-                    host,
-                    f"{where}.layout: {layout!r} is not a list; write e.g. [3g.40gb, "
-                    "{profile: 1g.10gb, start: 6}]",
-                )
-            if mode == "disabled" and layout:
-                raise _fail(
-                    host,
-                    f"{where}.layout: a GPU with mode: disabled has no MIG instances; remove "
-                    "layout or set mode: enabled",
-                )
-            layout = tuple(
-                _mig_instance(host, f"{where}.layout[{position}]", item)
-                for position, item in enumerate(layout)
+            memory = _amd_mode(
+                host,
+                where,
+                "memory_partition",
+                entry.get("memory_partition"),
+                AMD_MEMORY_PARTITIONS,
             )
-        for earlier in out:
-            if earlier.gpu == ident:
-                raise _fail(
-                    host, f"{where}.gpu: {ident} is also {earlier.where}; declare each GPU once"
-                )
-        out.append(MigGpu(index, ident, mode, layout))
-    return out
+            _once(host, where, ident, nvidia + amd)
+            amd.append(AmdPartitionDecl(index, ident, compute, memory, var))
+        else:
+            declared = _mig_gpu(host, index, entry, var)
+            _once(host, where, declared.gpu, nvidia + amd)
+            nvidia.append(declared)
+    return nvidia, amd
+
+
+def gpu_partitions_input(host: str, gpu_partitions, mig_gpus) -> tuple:
+    """(the one list the planner gets, warnings) of numafleet_gpu_partitions and the deprecated
+    numafleet_mig_gpus (None or [] = unset); raises PlacementError when both are set or an entry
+    is malformed (parse_gpu_partitions, parse_mig_gpus)."""
+    partitions = [] if gpu_partitions is None else gpu_partitions
+    legacy = [] if mig_gpus is None else mig_gpus
+    if partitions and legacy:
+        raise _fail(
+            host,
+            f"{GPU_PARTITIONS_VAR} and {MIG_GPUS_VAR} are both set; {MIG_GPUS_VAR} is the old "
+            f"name of {GPU_PARTITIONS_VAR} (same keys): move its entries into "
+            f"{GPU_PARTITIONS_VAR} and remove {MIG_GPUS_VAR}",
+        )
+    # The shape of every entry, both vendors, before any planning (the planner checks the GPUs).
+    if legacy:
+        parse_mig_gpus(host, legacy)
+        return legacy, [MIG_GPUS_DEPRECATED]
+    parse_gpu_partitions(host, partitions)
+    return partitions, []

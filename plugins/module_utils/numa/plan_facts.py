@@ -14,10 +14,11 @@ from .allowed import allowed_text, narrowing_sources
 from .cpulist import format_cpulist
 from .errors import PlacementError, PlanError
 from .packages import crossed_nodes, crossed_warning
-from .placements import HEADROOM_VAR, RESERVED_VAR, format_kb
+from .placements import HEADROOM_VAR, RESERVED_VAR, AmdPartitionDecl, format_kb
 from .plan_common import BY_ADDRESS, CPU_KINDS, MEMORY_KINDS, counted, int_list
 from .plan_fit import core_groups
 from .plan_gpu import Gpu
+from .plan_gpu_amd import AmdLayouts, partitioned
 from .plan_gpu_partitions import MigLayouts
 
 
@@ -53,7 +54,7 @@ def slow_memory_nodes(nodes: list) -> dict:
     return slow
 
 
-class Host(MigLayouts):
+class Host(MigLayouts, AmdLayouts):
     """Indexes of one host's facts, built once, and the free resources left while planning."""
 
     def __init__(
@@ -496,12 +497,15 @@ class Host(MigLayouts):
             if gpu.uuid:
                 self.gpu_by_id[gpu.uuid] = gpu
         for declared in mig_gpus:
-            self._declare_mig(declared)
+            if isinstance(declared, AmdPartitionDecl):
+                self._declare_amd(declared)
+            else:
+                self._declare_mig(declared)
         # Free whole GPUs (MIG-enabled ones only ever serve MIG instances), by CPU node.
         self.free_whole: dict = {nid: [] for nid in self.node_ids}
         self.free_unknown: list = []
         for gpu in self.gpus:
-            if gpu.mig_mode == "enabled" or gpu.mig_leaving:
+            if gpu.mig_mode == "enabled" or gpu.mig_leaving or partitioned(gpu):
                 continue
             if gpu.cpu_node is None:
                 self.free_unknown.append(gpu)

@@ -14,6 +14,7 @@ from .errors import PlacementError, PlanError
 from .placements import HEADROOM_VAR, HUGEPAGES_EXTRA_VAR, RESERVED_VAR, format_kb
 from .plan_common import counted
 from .plan_gpu import Slot, choose_gpus
+from .plan_gpu_amd import partitioned
 from .plan_gpu_partitions import pending_refusal
 
 
@@ -256,7 +257,7 @@ class CpuMemoryFit:
                 return None
         else:
             taken = 0
-        if p.gpu_count or p.mig_profile is not None or listed:
+        if p.gpu_count or p.mig_profile is not None or p.partition is not None or listed:
             picked = self._gpu_pick(p, nid, listed, fallback, far)
             if picked is None:
                 return None
@@ -276,7 +277,9 @@ class CpuMemoryFit:
         gpus = picked[0]
         if gpus:
             whole_left = free_whole - sum(
-                1 for g in gpus if g.use is None and g.cpu_node == nid and not g.mig_capable
+                1
+                for g in gpus
+                if g.use is None and g.cpu_node == nid and not g.mig_capable and not partitioned(g)
             )
             # PCIe switches the GPUs span first (locality), then fragmentation, then cores.
             switches = len({g.switch or g.address for g in gpus}) if len(gpus) > 1 else 1
@@ -298,7 +301,7 @@ class CpuMemoryFit:
     def _span(self, p, nodes: list, listed: list) -> Optional[Fit]:
         """CPUs (and GPUs) from the best node plus its nearest nodes, or None."""
         state = self.state
-        whole = p.mig_profile is None and p.mps is None and not listed
+        whole = p.mig_profile is None and p.partition is None and p.mps is None and not listed
         need_gpus = p.gpu_count if whole else 0
 
         def cover(nid):
@@ -311,7 +314,12 @@ class CpuMemoryFit:
             device = None
             if not whole:
                 device = self._gpu_pick(p, best, listed, True)
-                if device is None and (p.mig_profile is not None or p.mps is not None or listed):
+                if device is None and (
+                    p.mig_profile is not None
+                    or p.partition is not None
+                    or p.mps is not None
+                    or listed
+                ):
                     continue
             order = sorted(state.cpu_nodes, key=lambda other, b=best: (state.dist[b][other], other))
             fit = Fit()
@@ -424,6 +432,20 @@ class CpuMemoryFit:
                         f"taken by {', '.join(owners)}): to share one, make it a single "
                         f"placement. {fix}"
                     )
+        elif p.partition is not None:
+            free = [
+                f"{g.address} (node {g.node}) {sum(1 for s in g.xcp_slots if s.placement is None)}"
+                for g in listed or state.gpus
+                if g.amd is not None and g.amd_compute_planned == p.partition
+            ]
+            need = (
+                f"needs a free {p.partition} logical GPU and {counted(p.cpu_count, 'CPU')}{on} "
+                f"(free logical GPUs: {', '.join(free) or 'none'})"
+            )
+            fix = (
+                "Lower cpus or memory, pin node: to a node with a free logical GPU, set "
+                "allow_span: true, or remove another placement."
+            )
         elif listed:
             need = (
                 f"needs {counted(p.cpu_count, 'CPU')} and {format_kb(p.memory_kb + hp_kb)} memory next to "

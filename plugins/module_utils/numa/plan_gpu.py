@@ -2,7 +2,7 @@
 """The planner's GPU record (Gpu) and its partition slots (Slot). Pure, no I/O.
 
 Gpu: one GPU of the facts (gpu_topology.gpus[]) and what the plan has given of it so far;
-Slot: one MIG GPU instance of it, existing or declared.
+Slot: one MIG GPU instance of it, existing or declared, or one logical GPU (XCP) of an AMD GPU.
 """
 
 from __future__ import annotations
@@ -71,6 +71,13 @@ class Gpu:
         "mps_pinned_kb",
         "mps_pct",
         "mig_pending",
+        "amd",
+        "amd_compute",
+        "amd_compute_planned",
+        "amd_memory",
+        "amd_memory_planned",
+        "amd_declared",
+        "xcp_slots",
     )
 
     def __init__(self, entry: dict, cpu_node: Optional[int]) -> None:
@@ -126,6 +133,28 @@ class Gpu:
         self.mps_clients: list = []
         self.mps_pinned_kb = 0
         self.mps_pct: list = []
+        # AMD Instinct (facts amd record; None for every other GPU): compute partition
+        # (SPX/DPX/TPX/QPX/CPX) and memory partition (NPS1/NPS4), current and planned (the
+        # numafleet_gpu_partitions entry, AmdPartitionDecl, else current), and a Slot per
+        # logical GPU (XCP) of the planned mode (plan_gpu_amd.py).
+        amd = entry.get("amd") if entry.get("vendor") == "amd" else None
+        self.amd = amd if isinstance(amd, dict) else None
+        self.amd_declared = None
+        self.amd_compute = self.amd_memory = None
+        self.xcp_slots: list = []
+        if self.amd is not None:
+            self.amd_compute = (self.amd.get("compute_partition") or {}).get("current")
+            self.amd_memory = (self.amd.get("memory_partition") or {}).get("current")
+            self.xcp_slots = sorted(
+                (
+                    Slot(lg["index"], 1, self.amd_compute or "SPX", lg.get("uuid"), None, True)
+                    for lg in self.amd.get("logical_gpus") or ()
+                    if isinstance(lg, dict) and isinstance(lg.get("index"), int)
+                ),
+                key=lambda slot: slot.start,
+            )
+        self.amd_compute_planned = self.amd_compute
+        self.amd_memory_planned = self.amd_memory
 
     @property
     def mig_capable(self) -> bool:

@@ -22,6 +22,7 @@ from .plan_common import (
 )
 from .plan_fit import Fit
 from .plan_gpu import Gpu, Slot, choose_gpus
+from .plan_gpu_amd import commit_slot, partition_out, waits_for_partition
 from .plan_gpu_partitions import PENDING_FIX, pending_text, waits_for_instance
 
 
@@ -70,6 +71,7 @@ class GpuChoice:
                 )
             gpus.append(gpu)
         for gpu in gpus:
+            self._check_amd_listed(p, gpu)
             if gpu.mig_leaving:
                 raise PlacementError(
                     state.host,
@@ -84,7 +86,7 @@ class GpuChoice:
                     f"{p.where}.gpus: {gpu.address} has MIG enabled and only serves MIG "
                     "instances; set mig_profile or list another GPU",
                 )
-            if p.mig_profile is None and gpu.use is not None:
+            if p.mig_profile is None and p.partition is None and gpu.use is not None:
                 if gpu.use == "mps" and p.mps is not None:
                     continue
                 raise self.state.fail(
@@ -222,6 +224,8 @@ class GpuChoice:
         far: MIG GPUs of any node, nearest to nid first (allow_span with node: or pinned cpus).
         """
         state = self.state
+        if p.partition is not None:
+            return self._amd_pick(p, nid, listed, fallback, far)
         if p.mig_profile is not None:
             pool = listed or [
                 g
@@ -255,9 +259,15 @@ class GpuChoice:
             ]
             if shared:
                 return shared[:1], None
-            pool = [g for g in state.free_whole.get(nid, ()) if g.uuid and g.mps_room(pinned)]
+            pool = [
+                g
+                for g in state.free_whole.get(nid, ())
+                if g.uuid and g.amd is None and g.mps_room(pinned)
+            ]
             if not pool and fallback:
-                pool = [g for g in state.free_unknown if g.uuid and g.mps_room(pinned)]
+                pool = [
+                    g for g in state.free_unknown if g.uuid and g.amd is None and g.mps_room(pinned)
+                ]
             return (pool[:1], None) if pool else None
         known = state.free_whole.get(nid, [])
         if not fallback:
@@ -279,6 +289,8 @@ class GpuChoice:
     def _gpu_part(self, p, fit: Fit, environment: dict, warnings: list) -> tuple:
         """GPU entries, CUDA_VISIBLE_DEVICES and MPS settings of a placement that has GPUs."""
         gpus_out, devices, mps_out = self._commit_gpus(p, fit)
+        if any(g.amd is not None for g in fit.gpus):
+            return self._amd_part(p, fit, gpus_out, devices, environment, warnings)
         visible = ",".join(devices) if all(devices) else ""
         if any(g.vendor == "nvidia" or (g.uuid or "").startswith("GPU-") for g in fit.gpus):
             environment["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
@@ -333,7 +345,61 @@ class GpuChoice:
                     f"GPU {gpu.address} is on node {gpu.node}, not next to the placement's CPUs "
                     f"(node {', '.join(str(n) for n in fit.nodes)}): its traffic crosses nodes"
                 )
+
         return gpus_out, visible, mps_out, waits
+
+    def _amd_part(
+        self, p, fit: Fit, gpus_out: list, devices: list, environment: dict, warnings: list
+    ) -> tuple:
+        """The GPU part of a placement with AMD GPUs: ROCR_VISIBLE_DEVICES by UUID (whole GPU:
+        its uuid; partition: the logical GPU's), never indices, no CUDA_* key for them; a
+        logical GPU that appears once the compute partition changes: "" and waits_for."""
+        pairs = list(zip(gpus_out, devices))
+        amd = [device for entry, device in pairs if "partition" in entry]
+        nvidia = [device for entry, device in pairs if "partition" not in entry]
+        waits = None
+        slot = fit.mig if p.partition is not None else None
+        if slot is not None and not slot.existing:
+            environment["ROCR_VISIBLE_DEVICES"] = ""
+            waits = waits_for_partition(fit.gpus[0], slot)
+            warnings.append(
+                f"{waits['partition']} does not exist yet ({waits['reason']}): its unit is "
+                "written with ROCR_VISIBLE_DEVICES empty (no GPU) but not enabled or started "
+                "until the amd layer changed the mode and the plan is made again"
+            )
+        elif all(amd):
+            environment["ROCR_VISIBLE_DEVICES"] = ",".join(amd)
+        else:
+            missing = [e["address"] for e, d in pairs if "partition" in e and not d]
+            warnings.append(
+                f"GPU {', '.join(missing)} has no UUID in the facts (no KFD unique_id): "
+                "ROCR_VISIBLE_DEVICES is not set; select the device in the program"
+            )
+        visible = ""
+        if nvidia and all(nvidia):
+            visible = ",".join(nvidia)
+            environment["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+            environment["CUDA_VISIBLE_DEVICES"] = visible
+        self._gpu_node_warnings(fit, warnings)
+        return gpus_out, visible, None, waits
+
+    @staticmethod
+    def _gpu_node_warnings(fit: Fit, warnings: list) -> None:
+        """Warn of GPUs of unknown node (first) and of GPUs away from the placement's CPUs."""
+        unknown = [g.address for g in fit.gpus if g.node is None]
+        for address in unknown:
+            warnings.append(
+                f"GPU {address} has unknown NUMA locality (numa_node -1, or a node that does "
+                "not exist); CPUs and memory were "
+                f"placed on node {fit.nodes[0]} by CPU/memory fit. Set node: if you know the "
+                "GPU's node"
+            )
+        for gpu in fit.gpus:
+            if gpu.cpu_node is not None and gpu.cpu_node not in fit.nodes:
+                warnings.append(
+                    f"GPU {gpu.address} is on node {gpu.node}, not next to the placement's CPUs "
+                    f"(node {', '.join(str(n) for n in fit.nodes)}): its traffic crosses nodes"
+                )
 
     def _commit_gpus(self, p, fit: Fit) -> tuple:
         gpus_out, devices = [], []
@@ -342,7 +408,10 @@ class GpuChoice:
             gpu.placements.append(p.name)
             mig = None
             device = gpu.uuid
-            if fit.mig is not None:
+            if p.partition is not None:
+                commit_slot(gpu, fit.mig, p.name)
+                device = fit.mig.device_uuid
+            elif fit.mig is not None:
                 start, size = fit.mig.start, fit.mig.size
                 uuid, existing = fit.mig.device_uuid, fit.mig.existing
                 if existing:
@@ -387,15 +456,16 @@ class GpuChoice:
                     "active_thread_percentage": p.mps.active_thread_percentage,
                     "pinned_memory_limit_kb": pinned,
                 }
-            gpus_out.append(
-                {
-                    "address": gpu.address,
-                    "uuid": gpu.uuid,
-                    "node": gpu.node,
-                    "mig": mig,
-                    "shared_mps": p.mps is not None,
-                }
-            )
+            entry = {
+                "address": gpu.address,
+                "uuid": gpu.uuid,
+                "node": gpu.node,
+                "mig": mig,
+                "shared_mps": p.mps is not None,
+            }
+            if gpu.amd is not None:  # AMD only: NVIDIA entries stay as they were
+                entry["partition"] = partition_out(gpu, fit.mig if p.partition else None)
+            gpus_out.append(entry)
             devices.append(device)
         if not p.gpu_ids:
             order = sorted(range(len(gpus_out)), key=lambda i: gpus_out[i]["address"])

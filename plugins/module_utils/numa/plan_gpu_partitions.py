@@ -79,6 +79,8 @@ def waits_text(entry: dict) -> str:
     waits = entry.get("waits_for")
     if not isinstance(waits, dict):
         return ""
+    if "partition" in waits:  # AMD: a logical GPU of a compute partition still to be made
+        return f"waits for {waits.get('partition')}: {waits.get('reason')}"
     return f"waits for MIG instance {waits.get('mig_instance')}: {waits.get('reason')}"
 
 
@@ -98,6 +100,13 @@ class MigLayouts:
                 self.host,
                 f"{where}.gpu: {declared.gpu} is not a GPU of this host (GPUs: {known}); write "
                 "one of those addresses or its UUID",
+            )
+        if gpu.amd is not None:
+            raise PlacementError(
+                self.host,
+                f"{where}: mode/layout (NVIDIA MIG keys) on GPU {gpu.address}, which is an AMD "
+                "GPU; declare its compute_partition (SPX/DPX/QPX/CPX) and memory_partition "
+                "(NPS1/NPS4) instead",
             )
         if gpu.mig_declared is not None:
             raise PlacementError(

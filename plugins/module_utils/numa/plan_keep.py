@@ -10,10 +10,11 @@ from __future__ import annotations
 from typing import Optional
 
 from .cpulist import format_cpulist
-from .errors import PlanError
+from .errors import PlacementError, PlanError
 from .placements import RESERVED_VAR, format_kb
 from .plan_common import PLAN_VERSION, int_list
 from .plan_fit import Fit
+from .plan_gpu_amd import partitioned, xcp_pick
 
 
 class KeepRecorded:
@@ -99,6 +100,21 @@ class KeepRecorded:
                 return f"its GPU {entry['address']} is gone"
             if listed and gpu not in listed:
                 return f"its GPU {entry['address']} is not listed in gpus"
+            part = entry.get("partition")
+            if part is not None or p.partition is not None:
+                # An AMD logical GPU: kept on its recorded GPU and partition index.
+                index = part.get("index") if isinstance(part, dict) else None
+                if p.partition is None or index is None:
+                    return f"GPU {gpu.address} no longer serves it a logical GPU"
+                pick = xcp_pick(gpu, p.partition, index)
+                if pick is None:
+                    return (
+                        f"its logical GPU {p.partition.lower()}{index} of GPU {gpu.address} is no "
+                        "longer free (taken, or the GPU's compute partition changes)"
+                    )
+                fit.mig = pick
+                fit.gpus.append(gpu)
+                continue
             mig = entry.get("mig")
             if mig is not None:
                 if not gpu.mig_capable or p.mig_profile is None:
@@ -116,6 +132,8 @@ class KeepRecorded:
                 fit.mig = pick
             elif gpu.mig_capable or gpu.mig_leaving or gpu.mig_mode == "enabled":
                 return f"GPU {gpu.address} is now in MIG mode"
+            elif partitioned(gpu):
+                return f"GPU {gpu.address} is now in compute partition {gpu.amd_compute_planned}"
             elif entry.get("shared_mps"):
                 if gpu.use not in (None, "mps"):
                     return f"GPU {gpu.address} is now given whole to another placement"
@@ -134,6 +152,41 @@ class KeepRecorded:
         self.out.append(self._commit(p, fit, warnings))
         return None
 
+    def check_amd_changes(self, placements: list, recorded: Optional[dict]) -> None:
+        """Refuse a declared compute partition change on a GPU that serves a placement kept
+        from the recorded plan (request unchanged) in another mode: the change would take its
+        GPU or logical GPU away under a running service."""
+        if not recorded:
+            return
+        state = self.state
+        for p in placements:
+            old = recorded.get(p.name)
+            if old is None or request_change(old.get("request"), placement_request(p)):
+                continue
+            for entry in old.get("gpus") or ():
+                gpu = state.gpu_by_id.get(entry.get("address"))
+                if gpu is None or gpu.amd is None or gpu.amd_declared is None:
+                    continue
+                planned = gpu.amd_compute_planned
+                if planned == gpu.amd_compute:
+                    continue
+                part = entry.get("partition")
+                mode = part.get("mode") if isinstance(part, dict) else "SPX"
+                if mode == planned:
+                    continue
+                what = (
+                    f"{mode} logical GPU {part.get('index')}"
+                    if isinstance(part, dict)
+                    else "the whole GPU"
+                )
+                raise PlacementError(
+                    state.host,
+                    f"{gpu.amd_declared.where}.compute_partition: {planned} on GPU "
+                    f"{gpu.address} (now {gpu.amd_compute}) takes away {what} that {p.where} "
+                    f"runs on (kept from the plan applied last); move or remove {p.name} "
+                    f"first, or keep compute_partition: {gpu.amd_compute} on this GPU",
+                )
+
 
 def placement_request(p) -> dict:
     """What a placement asks for in resources (JSON-ready); a kept placement's must not change.
@@ -142,7 +195,7 @@ def placement_request(p) -> dict:
     memory_kb, hugepages, node, near, mig_profile, MPS share and allow_span. exec, environment,
     user, tenant and the like change the unit, not the placement.
     """
-    return {
+    request = {
         "cpus": list(p.cpu_list) if p.cpu_list is not None else p.cpu_count,
         "gpus": list(p.gpu_ids) if p.gpu_ids else p.gpu_count,
         "memory_kb": p.memory_kb,
@@ -158,6 +211,9 @@ def placement_request(p) -> dict:
         "mps_pinned_memory_limit_kb": None if p.mps is None else p.mps.pinned_memory_limit_kb,
         "allow_span": p.allow_span,
     }
+    if p.partition is not None:  # AMD only: the requests of other placements stay as they were
+        request["partition"] = p.partition
+    return request
 
 
 def request_change(old: Optional[dict], new: dict) -> str:

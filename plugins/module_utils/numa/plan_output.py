@@ -92,6 +92,13 @@ def plan_gpus_out(state: Host, order: dict) -> tuple:
     return gpus, daemons
 
 
+def partition_text(partition) -> str:
+    """'/cpx3' for an AMD logical GPU entry (gpus[].partition), '' for anything else."""
+    if not isinstance(partition, dict):
+        return ""
+    return f"/{str(partition.get('mode')).lower()}{partition.get('index')}"
+
+
 def placement_text(entry: dict) -> str:
     """Where a plan entry runs: 'node1 cpus 32-39 gpus b1:00.0,ca:00.0', ' mig 1g.10gb@2', ' mps'.
 
@@ -103,7 +110,9 @@ def placement_text(entry: dict) -> str:
     if any(m not in entry["nodes"] for m in mems):
         text += " mems " + "+".join(str(m) for m in mems)
     if entry["gpus"]:
-        text += " gpus " + ",".join(short_address(g["address"]) for g in entry["gpus"])
+        text += " gpus " + ",".join(
+            short_address(g["address"]) + partition_text(g.get("partition")) for g in entry["gpus"]
+        )
         mig = entry["gpus"][0]["mig"]
         if mig is not None:
             text += f" mig {mig['profile']}@{mig['placement_start']}"

@@ -18,9 +18,12 @@ from .cpulist import format_cpulist
 from .errors import PlacementError
 from .partition import plan_partition
 from .placements import (
+    AMD_PARTITION_KEYS,
+    GPU_PARTITIONS_VAR,
     PLACEMENTS_VAR,
     TENANTS_VAR,
     format_kb,
+    parse_gpu_partitions,
     parse_hugepages_extra,
     parse_mig_gpus,
     parse_placements,
@@ -31,6 +34,7 @@ from .plan_common import DEFAULT_SLICE, PLAN_VERSION, counted, size_text
 from .plan_facts import Host, gpu_memory_nodes, slow_memory_nodes
 from .plan_fit import CpuMemoryFit, Fit
 from .plan_gpu import Slot
+from .plan_gpu_amd import AmdChecks, plan_amd_partitions
 from .plan_gpu_choice import GpuChoice
 from .plan_gpu_partitions import MigChecks, plan_mig_gpus, waits_text
 from .plan_keep import KeepRecorded, parse_recorded, placement_request, request_change
@@ -44,6 +48,7 @@ from .units import slice_name
 #   plan_gpu.py             the GPU record (Gpu) and its partition slots (Slot)
 #   plan_gpu_choice.py      which GPUs a placement gets, the GPU part of its entry
 #   plan_gpu_partitions.py  declared MIG layouts, MIG checks, instances a placement waits for
+#   plan_gpu_amd.py         AMD compute/memory partitions: declared modes, XCP slots, checks
 #   plan_mps.py             MPS room and the plan's MPS daemons
 #   plan_keep.py            the recorded plan and keeping placements on their resources
 #   plan_output.py          the plan's GPU entries, placement_text and plan_summary
@@ -51,7 +56,7 @@ from .units import slice_name
 _Host, _Fit = Host, Fit
 
 
-class _Planner(GpuChoice, CpuMemoryFit, MigChecks, MpsChecks, KeepRecorded):
+class _Planner(GpuChoice, CpuMemoryFit, MigChecks, AmdChecks, MpsChecks, KeepRecorded):
     """Greedy placement of the placements in declaration order on what the Host has left."""
 
     def __init__(self, state: Host, placements: list, slices: dict) -> None:
@@ -101,7 +106,7 @@ class _Planner(GpuChoice, CpuMemoryFit, MigChecks, MpsChecks, KeepRecorded):
             fit = self._single(p, [prefer], listed, False)
         if fit is None:
             fit = self._single(p, nodes, listed, False)
-        needs_gpu = bool(p.gpu_count or p.mig_profile)
+        needs_gpu = bool(p.gpu_count or p.mig_profile or p.partition)
         if fit is None and needs_gpu and not listed:
             fit = self._single(p, nodes, listed, True)
         if fit is None and mig_away:  # allow_span: a MIG GPU of another node, nearest first
@@ -347,7 +352,14 @@ def plan_host(
     parsed_extra = parse_hugepages_extra(host, hugepages_extra)
     if mig_gpus is None:
         mig_gpus = (policy or {}).get("mig_gpus")
-    parsed_mig = parse_mig_gpus(host, mig_gpus)
+    if isinstance(mig_gpus, list) and any(
+        isinstance(entry, dict) and any(key in entry for key in AMD_PARTITION_KEYS)
+        for entry in mig_gpus
+    ):  # numafleet_gpu_partitions with AMD entries: both vendors, routed per GPU (Host)
+        nvidia, amd = parse_gpu_partitions(host, mig_gpus, GPU_PARTITIONS_VAR)
+        parsed_mig = nvidia + amd
+    else:
+        parsed_mig = parse_mig_gpus(host, mig_gpus)
     parsed_tenants = parse_tenants(host, tenants)
     parsed = parse_placements(host, placements, parsed_tenants)
     if parsed_tenants:
@@ -357,6 +369,8 @@ def plan_host(
     slices = {tenant.name: slice_name(tenant.name) for tenant in parsed_tenants}
     planner = _Planner(state, parsed, slices)
     planner.check_allowed_leaves_room(parsed)
+    planner.check_amd_placements(parsed)
+    planner.check_amd_changes(parsed, recorded)
     planner.run(recorded)
     tenants_out = []
     for tenant in sorted(parsed_tenants, key=lambda t: t.name):
@@ -439,6 +453,11 @@ def plan_host(
         # The CPUs and memory nodes the plan stays inside (ansible_facts.numa.allowed).
         "allowed": state.allowed_out,
     }
+    amd_partitions = plan_amd_partitions(
+        state, {entry["name"]: entry["unit"] for entry in planner.out}
+    )
+    if amd_partitions is not None:  # only hosts with AMD GPUs (older plans stay identical)
+        out["amd_partitions"] = amd_partitions
     if partition is not None:
         out["partition"] = partition  # optional: absent = no partition (older plans too)
     return out

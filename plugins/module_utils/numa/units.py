@@ -804,9 +804,11 @@ def waiting_line(unit: str, waits: dict) -> str:
         if reason != "mode change pending a reset"
         else "enabled and started by the first run after the GPU reset"
     )
-    return (
-        f"{unit}: not started, waits for MIG instance {waits.get('mig_instance')}: {reason}; {then}"
-    )
+    if "partition" in waits:  # AMD: a logical GPU of a compute partition still to be made
+        what, then = waits.get("partition"), "enabled and started once the plan is made again"
+    else:
+        what = f"MIG instance {waits.get('mig_instance')}"
+    return f"{unit}: not started, waits for {what}: {reason}; {then}"
 
 
 def waiting_units(plan) -> dict:

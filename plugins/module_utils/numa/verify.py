@@ -1456,7 +1456,7 @@ def _check_mig(out: _Checks, result: Optional[dict]) -> None:
         return
     gpus = [g for g in result.get("gpus") or () if isinstance(g, dict)]
     if not gpus:
-        out.skip("mig_layout", "gpus", "no MIG GPU in the plan (numafleet_mig_gpus)")
+        out.skip("mig_layout", "gpus", "no MIG GPU in the plan (numafleet_gpu_partitions)")
         return
     drift = {
         str(entry.get("setting")): entry
@@ -1622,3 +1622,164 @@ def _check_isolation(out: _Checks, result: Optional[dict]) -> None:
                 "CONFIG_NO_HZ_FULL) wins; check /proc/cmdline",
                 f"{got_text!r} != {want_text!r}",
             )  # fmt: skip
+
+
+# --- AMD partitions and visibility: the plan against the GPU facts ----------------------------
+
+PARTITION_CHECK = "gpu_partitions"
+ROCR_VARIABLE = "ROCR_VISIBLE_DEVICES"
+
+
+def _amd_gpus(gpu_topology) -> list:
+    """The GPU entries of gpu_topology facts that carry an ``amd`` record."""
+    gpus = (gpu_topology or {}).get("gpus") if isinstance(gpu_topology, dict) else None
+    return [g for g in gpus or () if isinstance(g, dict) and isinstance(g.get("amd"), dict)]
+
+
+def _mode(record, key: str):
+    value = record.get(key) if isinstance(record, dict) else None
+    return value.get("current") if isinstance(value, dict) else None
+
+
+def _rocr_uuids(placement: dict) -> Optional[list]:
+    """The UUIDs of a placement's ROCR_VISIBLE_DEVICES ([] when empty), None when not set."""
+    value = placement.get("rocr_visible_devices")
+    if value is None:
+        value = (placement.get("environment") or {}).get(ROCR_VARIABLE)
+    if value is None:
+        return None
+    return [item.strip() for item in str(value).split(",") if item.strip()]
+
+
+def _uuid_owners(gpus: list) -> dict:
+    """{UUID: the GPU entry} of every AMD GPU and of each of its logical GPUs."""
+    owners = {}
+    for gpu in gpus:
+        amd = gpu["amd"]
+        for uuid in (gpu.get("uuid"), amd.get("uuid")):
+            if uuid:
+                owners[str(uuid)] = gpu
+        for logical in amd.get("logical_gpus") or ():
+            if isinstance(logical, dict) and logical.get("uuid"):
+                owners[str(logical["uuid"])] = gpu
+    return owners
+
+
+def partition_checks(host: str, plan, gpu_topology) -> list[Check]:
+    """The ``gpu_partitions`` checks of one host: the plan's AMD partitions and visible devices
+    against the GPU facts (ansible_facts.gpu_topology, its ``amd`` records); no I/O.
+
+    Per plan ``amd_partitions`` entry (subject ``GPU <address>``): the compute and memory
+    partition the facts show (amd.compute_partition.current, amd.memory_partition.current)
+    equal the planned ones: pass; a memory-partition change that waits for the driver reload
+    (``reset_required``, numafleet_amd_reset_ok unset) warns "pending reset"; another
+    difference, or a GPU the facts lack, fails. Per placement with a ``ROCR_VISIBLE_DEVICES``
+    (subject: its name): each UUID is a GPU's or a logical GPU's UUID in the facts, and that
+    GPU's NUMA node (facts ``node``) is one of the placement's planned nodes or mems; an empty
+    value (the logical GPU waits for a compute partition change) is skipped. A plan without
+    ``amd_partitions`` (no AMD GPU) gives no check. Raises VerifyError when plan is no mapping.
+    """
+    if not isinstance(plan, dict):
+        raise VerifyError(
+            f"host {host}: plan is {type(plan).__name__}, not a mapping; pass "
+            "ansible_facts.numafleet_plan of numafleet.tuning.numa_plan"
+        )
+    planned = plan.get("amd_partitions")
+    if planned is None:
+        return []
+    out = _Checks(host)
+    gpus = _amd_gpus(gpu_topology)
+    by_address = {str(gpu.get("address")): gpu for gpu in gpus}
+    for entry in planned:
+        if isinstance(entry, dict):
+            _check_partition_modes(out, entry, by_address.get(str(entry.get("address"))))
+    owners = _uuid_owners(gpus)
+    for placement in plan.get("placements") or ():
+        if isinstance(placement, dict):
+            _check_visible(out, placement, owners)
+    return out.out
+
+
+def _check_partition_modes(out: _Checks, entry: dict, gpu: Optional[dict]) -> None:
+    subject = f"GPU {entry.get('address')}"
+    want = {
+        key: (entry.get(key) or {}).get("planned")
+        for key in ("compute_partition", "memory_partition")
+    }
+    target = f"{want['compute_partition']}/{want['memory_partition']}"
+    if gpu is None:
+        out.add(
+            PARTITION_CHECK, subject, "fail", None, target, "mode",
+            f"{subject} is planned but not in the GPU facts; gather facts again and re-plan",
+            "GPU not found",
+        )  # fmt: skip
+        return
+    got = {key: _mode(gpu["amd"], key) for key in want}
+    measured = f"{got['compute_partition']}/{got['memory_partition']}"
+    differ = [key for key in want if want[key] is not None and got[key] != want[key]]
+    if not differ:
+        out.add(
+            PARTITION_CHECK, subject, "pass", measured, target, "mode",
+            "compute and memory partition match the plan",
+        )  # fmt: skip
+    elif entry.get("reset_required") and differ == ["memory_partition"]:
+        out.add(
+            PARTITION_CHECK, subject, "warn", measured, target, "mode",
+            f"pending reset: the memory partition is {got['memory_partition']}, the plan has "
+            f"{want['memory_partition']}, which needs an amdgpu driver reload; set "
+            "numafleet_amd_reset_ok: true for site.yml to reload it (all AMD GPUs of the host)",
+            "pending reset",
+        )  # fmt: skip
+    else:
+        named = ", ".join(
+            f"{key.replace('_', ' ')} {got[key]} (plan {want[key]})" for key in differ
+        )
+        out.add(
+            PARTITION_CHECK, subject, "fail", measured, target, "mode",
+            f"{named}; run site.yml to apply numafleet_gpu_partitions",
+            f"{measured} != {target}",
+        )  # fmt: skip
+
+
+def _check_visible(out: _Checks, placement: dict, owners: dict) -> None:
+    uuids = _rocr_uuids(placement)
+    if uuids is None:
+        return
+    name = str(placement.get("name"))
+    if not uuids:
+        out.skip(
+            PARTITION_CHECK,
+            name,
+            f"{ROCR_VARIABLE} is empty: the logical GPU is created when the compute partition "
+            "changes (the re-plan after the amd layer sets it)",
+        )
+        return
+    local = set(placement.get("nodes") or ()) | set(placement.get("mems") or ())
+    measured, missing, far = {}, [], []
+    for uuid in uuids:
+        gpu = owners.get(uuid)
+        if gpu is None:
+            missing.append(uuid)
+            measured[uuid] = None
+            continue
+        node = gpu.get("node")
+        measured[uuid] = node
+        if node is None or node not in local:
+            far.append(f"{uuid} (GPU {gpu.get('address')}, node {node})")
+    if missing or far:
+        parts = []
+        if missing:
+            parts.append(f"{', '.join(missing)} not on the host")
+        if far:
+            parts.append(f"{', '.join(far)} not on the placement's nodes {format_cpulist(local)}")
+        out.add(
+            PARTITION_CHECK, name, "fail", measured, sorted(local), "node",
+            f"{ROCR_VARIABLE}: " + "; ".join(parts) + "; gather facts again and re-plan",
+            "; ".join(parts),
+        )  # fmt: skip
+    else:
+        out.add(
+            PARTITION_CHECK, name, "pass", measured, sorted(local), "node",
+            f"{ROCR_VARIABLE}: {len(uuids)} device(s) on the host, on node(s) "
+            f"{format_cpulist(local)}",
+        )  # fmt: skip

@@ -195,3 +195,32 @@ def test_a_plan_file_behind_a_linked_directory_is_not_read(tmp_path):
     recorded = read_recorded(str(tmp_path / "root"))
     assert (recorded["state"], recorded["kind"], recorded["plan"]) == ("invalid", "link", None)
     assert "cannot be reached without a link" in recorded["error"]
+
+
+# -- numafleet_gpu_partitions and the deprecated numafleet_mig_gpus (issue 24) -----------------
+
+MIG_OFF = [{"gpu": "0000:17:00.0", "mode": "disabled"}]
+DEPRECATED = "numafleet_mig_gpus is deprecated: rename it numafleet_gpu_partitions (same keys)"
+
+
+def test_gpu_partitions_plans_as_mig_gpus_did(a100_facts):
+    new = run_action({"placements": [LLM], "gpu_partitions": MIG_OFF}, a100_facts)
+    old = run_action({"placements": [LLM], "mig_gpus": MIG_OFF}, a100_facts)
+    assert not new.get("failed"), new
+    assert new["ansible_facts"] == old["ansible_facts"]
+    assert new["ansible_facts"]["numafleet_plan"]["mig_gpus"]
+    assert DEPRECATED not in " ".join(new.get("warnings") or ())
+
+
+def test_mig_gpus_alone_warns_it_is_deprecated(a100_facts):
+    result = run_action({"placements": [LLM], "mig_gpus": MIG_OFF}, a100_facts)
+    assert f"host gpu-a100-01: {DEPRECATED}" in result["warnings"]
+
+
+def test_both_variables_are_refused_before_planning(a100_facts):
+    result = run_action({"gpu_partitions": MIG_OFF, "mig_gpus": MIG_OFF}, a100_facts)
+    assert result["failed"] is True
+    assert result["msg"].startswith(
+        "host gpu-a100-01: numafleet_gpu_partitions and numafleet_mig_gpus are both set"
+    )
+    assert "ansible_facts" not in result

@@ -23,6 +23,7 @@ MODULES = {
     "hugepages": "numa_hugepages",
     "kernel": "numa_kernel",
     "gpu": "nvidia_gpu_settings",
+    "amd": "amd_partition",
     "mig": "nvidia_mig",
     "mps": "nvidia_mps",
     "units": "pinned_units",
@@ -75,7 +76,7 @@ def demo_plan(fixture_root):
             "memory_headroom_pct": host_vars["numafleet_memory_headroom_pct"],
         },
         hugepages_extra=host_vars.get("numafleet_hugepages_extra") or [],
-        mig_gpus=host_vars["numafleet_mig_gpus"],
+        mig_gpus=host_vars["numafleet_gpu_partitions"],
     )
     plan["awaiting_restart"] = []
     return plan
@@ -98,6 +99,7 @@ def layer_options(demo) -> dict:
         "kernel": dict(roots, numa_balancing=0, zone_reclaim_mode=0),
         # The gpu layer writes into the snapshot the mig layer reads next.
         "gpu": {"snapshot": f"{fsroot}/gpu-snapshot.json", "gpus": [GPU_SETTING]},
+        "amd": dict(roots),
         "mig": dict(roots, snapshot=f"{fsroot}/gpu-snapshot.json"),
         "mps": {},
         "units": {"hardening": True},
@@ -125,6 +127,9 @@ def old_module_args(layer, demo, plan) -> dict:
             for node in plan["nodes"]
             for pool in node.get("hugepages") or []
         ]
+    elif layer == "amd":
+        args["gpus"] = plan.get("amd_partitions") or []
+        args["owned_units"] = []
     elif layer == "mig":
         args["gpus"] = plan["mig_gpus"]
         args["owned_units"] = [p["unit"] for p in plan["placements"]] + [
@@ -291,7 +296,7 @@ def test_a_failing_layer_names_the_layer_and_keeps_the_results_before(run_module
     assert result["failed"]
     assert result["msg"].startswith("host gpu-a100-01: layer units: ")
     assert "unit_dir" in result["msg"]
-    assert list(result["layers"]) == ["hugepages", "kernel", "gpu", "mig", "mps"]
+    assert list(result["layers"]) == ["hugepages", "kernel", "gpu", "amd", "mig", "mps"]
 
 
 @pytest.mark.parametrize(
@@ -390,7 +395,7 @@ def test_replan_reads_the_gpus_again_and_keeps_the_placements(demo_plan, demo):
             "reserved_cpus": host_vars["numafleet_reserved_cpus"],
             "memory_headroom_pct": host_vars["numafleet_memory_headroom_pct"],
         },
-        "mig_gpus": host_vars["numafleet_mig_gpus"],
+        "mig_gpus": host_vars["numafleet_gpu_partitions"],
     }
     new = layers.replan(plan, settings, _Host())
     assert set(new["stability"].values()) == {"kept"}
@@ -418,7 +423,7 @@ def test_render_creates_the_instance_and_starts_the_waiting_unit_in_the_same_run
             "reserved_cpus": host_vars["numafleet_reserved_cpus"],
             "memory_headroom_pct": host_vars["numafleet_memory_headroom_pct"],
         },
-        "mig_gpus": host_vars["numafleet_mig_gpus"],
+        "mig_gpus": host_vars["numafleet_gpu_partitions"],
     }
     first = run_module("host_apply", apply_args(demo, demo_plan, replan=replan))
     assert not first["failed"], first["msg"]
@@ -469,7 +474,7 @@ def test_a_mig_change_replans_and_mps_units_use_the_new_plan(
     new_plan["mps_daemons"] = []
     seen = {}
 
-    def replan(plan, settings, host):
+    def replan(plan, settings, host, layer="mig"):
         seen["args"] = (plan["host"], settings["gpu_snapshot"])
         return new_plan
 
@@ -633,7 +638,7 @@ def _replan_settings(demo) -> dict:
             "reserved_cpus": host_vars["numafleet_reserved_cpus"],
             "memory_headroom_pct": host_vars["numafleet_memory_headroom_pct"],
         },
-        "mig_gpus": host_vars["numafleet_mig_gpus"],
+        "mig_gpus": host_vars["numafleet_gpu_partitions"],
     }
 
 
@@ -780,3 +785,35 @@ def test_while_a_reset_is_pending_the_waiting_units_are_no_drift(run_module, dem
     assert drift["layers"]["units"]["changed"] is False
     assert drift["layers"]["mps"]["changed"] is False
     assert drift["reset_required"] is True  # the drift is the pending reset, in the MIG layer
+
+
+def test_an_amd_partition_change_replans_with_the_amd_layer(
+    run_module, demo_plan, demo, monkeypatch, tmp_path
+):
+    from ansible_collections.numafleet.tuning.plugins.module_utils.numa import layers
+
+    numa_tests = str(Path(__file__).parents[1] / "module_utils" / "numa")
+    if numa_tests not in sys.path:
+        sys.path.insert(0, numa_tests)
+    from test_amd_partition import B, current, entry, make_tree
+
+    sys_root, proc_root = make_tree(tmp_path / "amd")
+    plan = json.loads(json.dumps(demo_plan))
+    plan["amd_partitions"] = [entry(B, compute="CPX")]
+    seen = {}
+
+    def replan(given, settings, host, layer="mig"):
+        seen["layer"] = layer
+        return given
+
+    monkeypatch.setattr(layers, "replan", replan)
+    args = apply_args(demo, plan, replan={}, layers=["amd", "units"])
+    args["amd"] = {"sysfs_root": sys_root, "procfs_root": proc_root, "backend": "sysfs"}
+    result = run_module("host_apply", args, diff=True)
+    assert not result["failed"], result["msg"]
+    assert current(sys_root, B, "compute") == "CPX"
+    assert seen["layer"] == "amd"
+    assert "; re-planned after the AMD partition modes changed" in result["summary"]
+    assert "systemctl enable numafleet-amd-partition.service" in result["would_run"]
+    assert result["would_run"].count("systemctl daemon-reload") == 1
+    assert any(d.get("before_header") == "AMD GPU partitions" for d in result["diff"])

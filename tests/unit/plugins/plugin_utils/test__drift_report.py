@@ -189,6 +189,14 @@ def test_a_hand_edited_unit_is_drift_not_fail():
         ({"apply": {"layers": {"irq": {"changed": True, "diff": []}}}}, "drift"),
         ({"verify": {"checks": [check("h", "effective_units", "x", "fail")]}}, "drift"),
         ({"verify": {"checks": [check("h", "hugepage_pools", "node0", "fail")]}}, "drift"),
+        (
+            {"verify": {"checks": [check("h", "gpu_partitions", "GPU 0000:e3:00.0", "fail")]}},
+            "drift",
+        ),
+        (
+            {"verify": {"checks": [check("h", "gpu_partitions", "GPU 0000:e3:00.0", "warn")]}},
+            "clean",
+        ),
         ({"failure": {"task": "Plan placements", "msg": "infeasible", "layer": ""}}, "fail"),
         (
             {"unreachable": {"task": "Gather NUMA and GPU topology", "msg": "ssh: no route"}},
@@ -208,6 +216,8 @@ def test_a_hand_edited_unit_is_drift_not_fail():
         "new-layer",
         "effective-units-check",
         "pool-check",
+        "amd-partition-check",
+        "amd-pending-reset",
         "failed-task",
         "unreachable",
         "runtime-check-failed",

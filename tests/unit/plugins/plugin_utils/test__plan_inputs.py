@@ -119,3 +119,13 @@ def test_verify_accepts_no_render_root_or_an_absolute_one():
 def test_verify_never_raises(window):
     problems = _apply_args.verify_problems("h", {"numafleet_verify_window_s": window})
     assert isinstance(problems, list)
+
+
+MIG = [{"gpu": "0000:17:00.0", "mode": "enabled"}]
+
+
+@pytest.mark.parametrize("name", ["numafleet_gpu_partitions", "numafleet_mig_gpus"])
+def test_replan_hands_the_one_partition_list_under_either_name(name):
+    replan = _plan_inputs.replan_inputs({name: MIG}, {})
+    assert replan["mig_gpus"] == MIG
+    assert "gpu_partitions" not in replan

@@ -28,6 +28,7 @@ APPLY_ROLES = (
     "hugepages",
     "numa_kernel",
     "nvidia_gpu",
+    "amd_partition",
     "nvidia_mig",
     "nvidia_mps",
     "pinned_services",
@@ -175,10 +176,23 @@ def test_render_mode_and_runs():
     assert with_snapshot.module_args["mig"]["snapshot"] == "/s.json"
     assert "snapshot" not in build(H, inputs, _plan(gpus=[gpu]), facts).module_args["mig"]
     del facts["numafleet_state_paths"]  # not known: both run
-    # The gpu layer runs only where GPU settings are declared.
+    # The gpu layer runs only where GPU settings are declared, the amd layer only where the plan
+    # has AMD GPUs (amd_partitions).
     assert build(H, inputs, _plan(gpus=[gpu]), facts).module_args["layers"] == [
-        layer for layer in ALL_LAYERS if layer != "gpu"
+        layer for layer in ALL_LAYERS if layer not in ("gpu", "amd")
     ]
+    amd = {"address": "0000:43:00.0", "compute_partition": {"current": "SPX", "planned": "CPX"}}
+    args = build(H, inputs, _plan(gpus=[gpu], amd_partitions=[amd]), facts)
+    assert args.problems == []
+    assert "amd" in args.module_args["layers"]
+    assert args.module_args["amd"] == {
+        "reset_ok": False,
+        "backend": "sysfs",  # render mode writes the scratch tree
+        "sysfs_root": "/sys",
+        "procfs_root": "/proc",
+    }
+    bad = build(H, inputs | {"amd_partition_backend": "rocm"}, _plan(amd_partitions=[amd]), facts)
+    assert "amd_partition_backend (numafleet_amd_backend in site.yml) is 'rocm'" in bad.problems[0]
 
 
 def _plan_text(role_input, shape, version="none", host="none"):

@@ -430,11 +430,23 @@ def test_mi300x_partitions_come_from_sysfs(tmp_path):
     facts = facts_of("synthetic-mi300x-cpx-nps4", tmp_path, gpu.nvml_unavailable("no NVIDIA"))
     assert [entry["vendor"] for entry in facts["gpus"]] == ["amd"] * 8
     for entry in facts["gpus"]:
+        spx = entry["address"] in ("0000:03:00.0", "0000:23:00.0")
         assert entry["partition"] == {
-            "compute": {"current": "CPX", "available": ["SPX", "DPX", "QPX", "CPX"]},
-            "memory": {"current": "NPS4", "available": ["NPS1", "NPS4"]},
+            "compute": {
+                "current": "SPX" if spx else "CPX",
+                "available": ["SPX", "DPX", "QPX", "CPX"],
+            },
+            "memory": {"current": "NPS1" if spx else "NPS4", "available": ["NPS1", "NPS4"]},
         }
         assert entry["sources"]["partition"] == "sysfs"
+        # One logical GPU per SPX GPU, eight per CPX GPU, each with its own UUID and render node.
+        logical = entry["amd"]["logical_gpus"]
+        assert len(logical) == (1 if spx else 8)
+        assert len({item["uuid"] for item in logical}) == len(logical)
+        assert entry["uuid"] == logical[0]["uuid"] and entry["uuid"].startswith("GPU-")
+        assert [item["xcds"] for item in logical] == (
+            [list(range(8))] if spx else [[index] for index in range(8)]
+        )
         assert entry["mig"] is None and entry["unavailable"] == {}
     assert facts["warnings"] == []
 

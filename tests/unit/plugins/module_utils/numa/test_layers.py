@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa import (
+    amd_partition,
     hugepages,
     layers,
     mig,
@@ -27,6 +28,13 @@ def test_spec_defaults_are_the_core_defaults():
     assert layers.SPECS["units"]["manifest_path"]["default"] == units.DEFAULT_MANIFEST_PATH
     assert layers.SPECS["units"]["plan_path"]["default"] == units.DEFAULT_PLAN_PATH
     assert layers.MIG_UNIT == mig.UNIT_NAME
+    assert layers.AMD_UNIT == amd_partition.UNIT_NAME
+    assert layers.SPECS["amd"]["state_path"]["default"] == amd_partition.DEFAULT_STATE_PATH
+    assert (
+        layers.SPECS["amd"]["boot_program_path"]["default"]
+        == amd_partition.DEFAULT_BOOT_PROGRAM_PATH
+    )
+    assert layers.SPECS["amd"]["backend"]["choices"] == list(amd_partition.BACKENDS)
     assert layers.HUGEPAGES_UNIT == hugepages.UNIT_NAME
     assert tuple(layers.SPECS) == layers.LAYERS
 
@@ -119,3 +127,23 @@ def test_merged_would_run_has_one_reload():
         "update-grub",
         "systemctl enable --now numafleet-b.service",
     ]
+
+
+def test_the_amd_boot_unit_is_enabled_after_the_one_reload():
+    results = {
+        "amd": {"files": [{"path": "/etc/systemd/system/" + layers.AMD_UNIT, "state": "create"}]}
+    }
+    assert layers.handler_argvs(results) == [
+        ["systemctl", "daemon-reload"],
+        ["systemctl", "enable", layers.AMD_UNIT],
+    ]
+
+
+def test_amd_params_come_from_the_plans_amd_partitions():
+    plan = {
+        "amd_partitions": [{"address": "0000:43:00.0", "owned_units": ["b.service", "a.service"]}]
+    }
+    got = layers.supplied_params("amd", plan, "/", "systemd")
+    assert got["gpus"] == plan["amd_partitions"]
+    assert got["owned_units"] == ["a.service", "b.service"]
+    assert layers.supplied_params("amd", {}, "/", "none")["gpus"] == []

@@ -1078,14 +1078,15 @@ def test_span_only_when_no_single_node_fits(machine_facts):
             MI300X,
             [p("a", gpus=1, mps={})],
             None,
-            "host h: numafleet_placements[0] (a) needs a GPU for MPS and 4 CPUs on one NUMA node",
+            "host h: numafleet_placements[0] (a).mps: every GPU of this host is AMD; MPS is "
+            "NVIDIA only; use partition: cpx to share an AMD GPU",
         ),
         (
             MI300X,
             [p("a", gpus=["0000:03:00.0"], mps={})],
             None,
-            "host h: numafleet_placements[0] (a).mps: GPU 0000:03:00.0 has no UUID (not an NVIDIA "
-            "GPU?); MPS needs an NVIDIA GPU: remove mps",
+            "host h: numafleet_placements[0] (a).mps: GPU 0000:03:00.0 is AMD; MPS is NVIDIA "
+            "only; use partition: cpx to share an AMD GPU",
         ),
         (
             A100,
@@ -1121,14 +1122,18 @@ def test_offline_fixture_machine_plans_around_offline_cpus(machine_facts):
     assert offline and not offline & set(result["placements"][0]["cpus"])
 
 
-def test_amd_gpus_have_no_cuda_visible_devices_and_warn(machine_facts):
+def test_amd_gpus_are_visible_by_uuid_through_rocr_not_cuda(machine_facts):
     result = plan(machine_facts, MI300X, [p("rocm", gpus=2)])
     (entry,) = result["placements"]
     assert (
         entry["cuda_visible_devices"] == "" and "CUDA_VISIBLE_DEVICES" not in entry["environment"]
     )
-    assert "has no UUID" in entry["warnings"][0]
+    # The two whole (SPX) GPUs of node 0; the CPX GPUs are never given whole.
     assert addresses(entry) == ["0000:03:00.0", "0000:23:00.0"]
+    uuids = [gpu["uuid"] for gpu in entry["gpus"]]
+    assert all(uuid.startswith("GPU-") for uuid in uuids)
+    assert entry["environment"]["ROCR_VISIBLE_DEVICES"] == ",".join(uuids)
+    assert not any("has no UUID" in warning for warning in entry["warnings"])
 
 
 def test_no_numa_facts_is_an_error():

@@ -930,7 +930,7 @@ def test_require_runtime_keeps_layer_static_and_waiting_checks_skipped():
         )
 
     checks = [
-        skipped("mig_layout", "no MIG GPU in the plan (numafleet_mig_gpus)"),
+        skipped("mig_layout", "no MIG GPU in the plan (numafleet_gpu_partitions)"),
         skipped("effective_units", "no effective state given"),
         skipped("cpus_binding", "waits for MIG instance 1g.10gb at slice 2: created in this run"),
         skipped("memory_used", verify.RENDER_MODE_REASON),
