@@ -37,7 +37,7 @@ help:
 	@echo "make vm-up|vm-verify|vm-login|vm-down   the same step by step, the guest left running"
 	@echo "make bench          the benchmarks (facts, planner, 50-500 host fleet; about 60 minutes), results in benchmarks/results/"
 	@echo "make integration    ansible-test integration on a copy of the tree"
-	@echo "make gpu-proof      on an NVIDIA GPU host: the GPU proof kit (tests/gpu/README.md), evidence in reports/gpu-proof/"
+	@echo "make gpu-proof      on an NVIDIA or AMD GPU host: the GPU proof kit (tests/gpu/README.md), evidence in reports/gpu-proof/"
 	@echo "make mutation       mutation testing of the core files (tests/mutation/README.md; not in make test)"
 	@echo "make docs           regenerate docs/host_variables.md from the schema of the host variables"
 	@echo "make format         ruff format + safe ruff fixes on plugins/ tests/ benchmarks/ .ci/ docs/"

@@ -96,6 +96,10 @@ def import_collection(repo: Path = REPO) -> None:
 # Results
 
 
+# The AMD section runs whether or not an NVIDIA driver is here (it skips itself without AMD GPUs).
+AMD_CHECK = "amd_facts"
+
+
 @dataclass
 class Item:
     """One named pass/fail/skipped finding with what was observed and what was expected."""
@@ -118,7 +122,7 @@ class Item:
 
 @dataclass
 class Check:
-    """One of the five checks: its items, or why it was skipped or broke."""
+    """One of the checks: its items, or why it was skipped or broke."""
 
     id: str
     title: str
@@ -414,7 +418,8 @@ def host_info(ctx: Context) -> dict:
 
 
 def all_checks() -> list:
-    """(id, title, function) of the five checks, in the order they run."""
+    """(id, title, function) of the checks, in the order they run."""
+    import proof_amd
     import proof_facts
     import proof_runtime
 
@@ -440,6 +445,11 @@ def all_checks() -> list:
             "MPS control daemon set up as the rendered drop-in does, used, quit",
             proof_runtime.check_mps,
         ),
+        (
+            AMD_CHECK,
+            "AMD Instinct facts (sysfs, KFD, amdsmi) against rocminfo",
+            proof_amd.check_amd_facts,
+        ),
     ]
 
 
@@ -450,7 +460,7 @@ def run_checks(ctx: Context, checks: list, report: Callable) -> list:
     for check_id, title, function in checks:
         check = Check(check_id, title)
         started = time.monotonic()
-        if ctx.driver is not None:
+        if ctx.driver is not None and check_id != AMD_CHECK:
             check.skipped = ctx.driver
         elif stopped:
             check.skipped = "the run was stopped before this check"

@@ -35,14 +35,18 @@ def test_dry_run_skips_every_check_and_exits_0(tmp_path):
         "mig_listings",
         "cuda_visibility",
         "mps",
+        "amd_facts",
     ]
-    for check in document["checks"]:
+    *nvidia, amd = document["checks"]
+    for check in nvidia:
         assert check["status"] == "skipped"
         assert check["skipped"] == (
             "no NVIDIA driver (nvidia-smi is not in PATH; nvmlInit: NVML Shared Library Not Found)"
         )
+    # The AMD section looks for AMD GPUs itself: none on this machine.
+    assert amd["status"] == "skipped" and amd["skipped"].startswith("no AMD GPU here")
     summary = (out / "gpu-proof.md").read_text()
-    assert "result: **skipped** (5 skipped)" in summary
+    assert "result: **skipped** (6 skipped)" in summary
     assert summary in done.stdout
     assert sorted(path.name for path in out.iterdir()) == ["gpu-proof.json", "gpu-proof.md"]
 

@@ -1,0 +1,136 @@
+"""The GPU proof kit's AMD section: what the facts reader makes of a real AMD Instinct host.
+
+Runs only where an AMD GPU is present (a PCI function of vendor 0x1002 that gpu.read_gpus calls
+a GPU, or a KFD topology node with a gpu_id); skipped elsewhere, and independent of the NVIDIA
+driver checks. Read-only: sysfs, the amdsmi library's queries, ``rocminfo`` and ``amd-smi``
+listings. Raw outputs are kept in the out directory (amd-facts.json, rocminfo.txt,
+amd-smi-*.json) so that a run on real hardware can become a test fixture.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Optional
+
+from gpu_proof import Check, Context, Skip
+
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import gpu
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa.sysfs import Reader
+
+AMD_VENDOR = "0x1002"
+ROCM_UUID_RE = re.compile(r"^\s*Uuid:\s*(GPU-[0-9A-Fa-f]+)\s*$", re.M)
+# Logical GPUs per compute partition (CPX: one per XCD, xcd_count of the GPU).
+LOGICAL = {"SPX": 1, "DPX": 2, "TPX": 3, "QPX": 4}
+AMD_SMI_LISTINGS = (("static", ["static", "--json"]), ("partition", ["partition", "--json"]))
+
+
+def amd_present(ctx: Context) -> list:
+    """Signs of an AMD GPU here: a KFD topology node with a non-zero gpu_id, an AMD PCI GPU."""
+    signs = []
+    nodes = Path(ctx.sysfs_root, "class", "kfd", "kfd", "topology", "nodes")
+    for gpu_id in sorted(nodes.glob("*/gpu_id")):
+        try:
+            if gpu_id.read_text().strip() not in ("", "0"):
+                signs.append(f"KFD node {gpu_id.parent.name}")
+                break
+        except OSError:
+            continue
+    return signs
+
+
+def load_amdsmi() -> tuple:
+    """(amdsmi, None) or (None, why not): AMD's amdsmi Python library."""
+    try:
+        import amdsmi
+    except ImportError as exc:
+        return None, f"amdsmi is not installed ({exc})"
+    return amdsmi, None
+
+
+def rocminfo_uuids(text: str) -> list:
+    """The ``Uuid: GPU-...`` values of rocminfo's GPU agents, in its order (CPU agents print
+    ``CPU-XX``, which the pattern leaves out)."""
+    return ROCM_UUID_RE.findall(text)
+
+
+def compare(facts: dict, rocm: Optional[list]) -> list:
+    """(name, ok, observed, expected) findings on the AMD entries of gpu_topology ``facts``;
+    ``rocm``: rocminfo's GPU UUIDs, or None without rocminfo."""
+    found = []
+    amd = [entry for entry in facts.get("gpus") or [] if entry.get("vendor") == "amd"]
+    found.append(
+        (
+            "amd GPUs have an amd record",
+            all(e.get("amd") for e in amd) and bool(amd),
+            [e["address"] for e in amd if not e.get("amd")],
+            "none missing",
+        )
+    )
+    uuids = []
+    for entry in amd:
+        record = entry.get("amd") or {}
+        mode = (record.get("compute_partition") or {}).get("current")
+        logical = record.get("logical_gpus") or []
+        want = LOGICAL.get(mode, record.get("xcd_count")) if mode else None
+        found.append(
+            (
+                f"{entry['address']}: logical GPUs of {mode}",
+                want is None or len(logical) == want,
+                len(logical),
+                want,
+            )
+        )
+        found.append(
+            (
+                f"{entry['address']}: node known",
+                entry.get("node") is not None,
+                entry.get("node"),
+                "the PCI function's numa_node",
+            )
+        )
+        uuids += [item.get("uuid") for item in logical]
+    found.append(("every logical GPU has a UUID", all(uuids), uuids.count(None), 0))
+    found.append(
+        (
+            "logical GPU UUIDs are distinct",
+            len(set(uuids)) == len(uuids),
+            len(uuids),
+            len(set(uuids)),
+        )
+    )
+    if rocm is not None:
+        ours = {u.lower() for u in uuids if u}
+        theirs = {u.lower() for u in rocm}
+        found.append(
+            ("rocminfo lists the same GPU UUIDs", ours == theirs, sorted(theirs), sorted(ours))
+        )
+    return found
+
+
+def check_amd_facts(ctx: Context, check: Check) -> None:
+    """AMD GPUs through the facts reader (sysfs, KFD, amdsmi), against rocminfo."""
+    signs = amd_present(ctx)
+    if not signs:
+        raise Skip("no AMD GPU here (no KFD topology node with a gpu_id)")
+    module, reason = load_amdsmi()
+    reader = Reader(ctx.sysfs_root, ctx.procfs_root)
+    facts = gpu.read_gpu_topology(
+        reader, gpu.nvml_unavailable("not asked"), lambda: (module, reason)
+    )
+    ctx.write("amd-facts.json", json.dumps(facts, indent=1, sort_keys=True) + "\n")
+    rocm = None
+    tool = ctx.which("rocminfo")
+    if tool:
+        rc, out, err = ctx.run([tool], cap_s=60)
+        ctx.write("rocminfo.txt", out + (f"\n--- stderr\n{err}" if err else ""))
+        rocm = rocminfo_uuids(out) if rc == 0 else None
+    smi = ctx.which("amd-smi")
+    if smi:
+        for name, args in AMD_SMI_LISTINGS:
+            rc, out, err = ctx.run([smi, *args], cap_s=60)
+            ctx.write(f"amd-smi-{name}.json", out if rc == 0 else f"rc={rc}\n{err}")
+    for name, ok, observed, expected in compare(facts, rocm):
+        check.add(name, ok, observed, expected)
+    check.add("amdsmi loaded", module is not None or None, reason, "the amdsmi library")
