@@ -15,8 +15,9 @@ from __future__ import annotations
 from typing import Optional
 
 from .errors import PlacementError
-from .placements import GPU_PARTITIONS_VAR, GPU_SHORT_ADDRESS, PLACEMENTS_VAR
+from .placements import GPU_PARTITIONS_VAR, PLACEMENTS_VAR
 from .plan_gpu import Gpu, Slot
+from .plan_gpu_partitions import declared_gpu
 
 # Logical GPUs (XCPs) per compute partition mode; CPX: one per XCD (xcd_count, 8 on MI300X).
 XCP_COUNT = {"SPX": 1, "DPX": 2, "TPX": 3, "QPX": 4}
@@ -77,26 +78,12 @@ def _modes_text(modes) -> str:
 class AmdLayouts:
     """Host part: the declared AMD compute/memory partitions checked and made the GPUs' slots."""
 
-    def _amd_gpu_of(self, declared) -> Gpu:
-        gpu = self.gpu_by_id.get(declared.gpu)
-        if gpu is None and GPU_SHORT_ADDRESS.match(declared.gpu):
-            found = [g for g in self.gpus if g.address.endswith(":" + declared.gpu)]
-            gpu = found[0] if len(found) == 1 else None
-        if gpu is None:
-            known = ", ".join(g.address for g in self.gpus) or "none"
-            raise PlacementError(
-                self.host,
-                f"{declared.where}.gpu: {declared.gpu} is not a GPU of this host (GPUs: "
-                f"{known}); write one of those addresses or its UUID",
-            )
-        return gpu
-
     def _declare_amd(self, declared) -> None:
         """Make an AMD GPU's planned compute/memory partitions the declared ones; raises
         PlacementError for a GPU that is not AMD, a mode the GPU does not offer, or a memory
         partition its compute partition does not allow (amd.compatible_memory_partitions)."""
         where = declared.where
-        gpu = self._amd_gpu_of(declared)
+        gpu = declared_gpu(self, declared)
         keys = [
             key
             for key, value in (

@@ -84,23 +84,32 @@ def waits_text(entry: dict) -> str:
     return f"waits for MIG instance {waits.get('mig_instance')}: {waits.get('reason')}"
 
 
+def declared_gpu(host, declared) -> Gpu:
+    """The GPU of ``host`` (the planner's Host) that a numafleet_gpu_partitions (or
+    numafleet_mig_gpus) entry names: by PCI address or UUID, or by a short address (``17:00.0``)
+    matching exactly one GPU. Both vendors' declarations use it. Raises PlacementError naming
+    the entry and the host's GPUs."""
+    gpu = host.gpu_by_id.get(declared.gpu)
+    if gpu is None and GPU_SHORT_ADDRESS.match(declared.gpu):
+        found = [g for g in host.gpus if g.address.endswith(":" + declared.gpu)]
+        gpu = found[0] if len(found) == 1 else None
+    if gpu is None:
+        known = ", ".join(g.address for g in host.gpus) or "none"
+        raise PlacementError(
+            host.host,
+            f"{declared.where}.gpu: {declared.gpu} is not a GPU of this host (GPUs: {known}); "
+            "write one of those addresses or its UUID",
+        )
+    return gpu
+
+
 class MigLayouts:
     """Host part: the declared MIG layouts (numafleet_mig_gpus) made the GPUs' slots."""
 
     def _declare_mig(self, declared) -> None:
         """Make a GPU's MIG mode and layout the declared ones; raises PlacementError."""
         where = declared.where
-        gpu = self.gpu_by_id.get(declared.gpu)
-        if gpu is None and GPU_SHORT_ADDRESS.match(declared.gpu):
-            found = [g for g in self.gpus if g.address.endswith(":" + declared.gpu)]
-            gpu = found[0] if len(found) == 1 else None
-        if gpu is None:
-            known = ", ".join(g.address for g in self.gpus) or "none"
-            raise PlacementError(
-                self.host,
-                f"{where}.gpu: {declared.gpu} is not a GPU of this host (GPUs: {known}); write "
-                "one of those addresses or its UUID",
-            )
+        gpu = declared_gpu(self, declared)
         if gpu.amd is not None:
             raise PlacementError(
                 self.host,
