@@ -396,7 +396,8 @@ ansible_facts:
                   GPU (one per XCP, so one in SPX and eight in CPX on an MI300X), in partition order, with
                   the XCDs it owns; C(compatible_memory_partitions) maps each compute partition to the
                   memory partitions it allows (C(compatible_source) V(sysfs) when the driver's
-                  C(supported_nps_configs) gave the current mode's, V(table) for AMD's MI300 table).
+                  C(supported_nps_configs) gave the row of the mode C(xcp_config) selects, normally the
+                  current one; V(table) for AMD's MI300 table).
                 - C(source) is V(sysfs), V(amdsmi) (the library enriched it), V(amd-smi) or V(snapshot).
               type: dict
               sample:

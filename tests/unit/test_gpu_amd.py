@@ -210,3 +210,26 @@ def test_snapshot_round_trip(tree, tmp_path):
         assert dict(back["amd"], source="amdsmi") == live["amd"]
         assert back["uuid"] == live["uuid"] and back["name"] == "AMD Instinct MI300X"
     assert replay["gpus"][3]["amd"]["processes"] == [{"pid": 77, "name": "vllm"}]
+
+
+def test_supported_nps_configs_describes_the_mode_xcp_config_selects(tree):
+    """amdgpu_xcp.c: supported_nps_configs is for the configuration selected in xcp_config
+    (root may select another mode there to read its resources; the partition does not change)."""
+    sys_root, proc_root, dummy = tree
+    device = os.path.join(sys_root, "bus/pci/devices/0000:03:00.0/compute_partition_config")
+    _write(f"{device}/xcp_config", "CPX")
+    _write(f"{device}/supported_nps_configs", "NPS1, NPS4")
+    spx = _by_address(_facts(tree))["0000:03:00.0"]["amd"]
+    assert spx["compute_partition"]["current"] == "SPX"
+    assert spx["compatible_memory_partitions"]["CPX"] == ["NPS1", "NPS4"]
+    assert spx["compatible_memory_partitions"]["SPX"] == ["NPS1"]  # the table's row stays
+
+
+def test_supported_nps_configs_not_supported_falls_back_to_the_table(tree):
+    """The driver prints 'Not supported' when the XCP config has no compatible NPS modes."""
+    sys_root, proc_root, dummy = tree
+    device = os.path.join(sys_root, "bus/pci/devices/0000:03:00.0/compute_partition_config")
+    _write(f"{device}/supported_nps_configs", "Not supported")
+    spx = _by_address(_facts(tree))["0000:03:00.0"]["amd"]
+    assert spx["compatible_memory_partitions"]["SPX"] == ["NPS1"]
+    assert spx["compatible_source"] == "table"

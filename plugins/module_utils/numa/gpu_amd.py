@@ -7,8 +7,9 @@ sysfs first, for every AMD GPU that gpu.read_gpus found under bus/pci/devices:
   ``available_compute_partition`` (SPX, DPX, TPX, QPX, CPX), ``current_memory_partition`` /
   ``available_memory_partition`` (NPS1, NPS2, NPS4, NPS8; gpu.read_amd_partitions reads those),
   ``mem_info_vram_total`` (bytes), and, where the driver has the XCP configuration interface,
-  ``compute_partition_config/supported_nps_configs`` (the memory partitions the CURRENT compute
-  partition allows);
+  ``compute_partition_config/supported_nps_configs`` (the memory partitions the compute
+  partition named in ``compute_partition_config/xcp_config`` allows: the current one unless
+  root selected another there; ``Not supported`` when the driver cannot switch NPS);
 - the KFD topology ``<sysfs>/class/kfd/kfd/topology/nodes/<N>/{gpu_id,properties}``: one node per
   logical GPU (XCP) of a partitioned GPU, all with the GPU's ``domain`` and ``location_id`` =
   PCI bus << 8 | devfn, ORed with the partition's node id (kfd_topology_add_device: in the low
@@ -52,6 +53,8 @@ MI300_COMPATIBLE = {
 _MI300_GFX = 904  # KFD gfx_target_version 9.4.x (gfx940-gfx942: MI300A, MI300X, MI325X)
 _MIB = 1 << 20
 _MODES_RE = re.compile(r"[\s,]+")
+_NPS_NAMES = ("NPS1", "NPS2", "NPS3", "NPS4", "NPS6", "NPS8")  # amdgpu_xcp.c nps_desc
+_XCP_NAMES = ("SPX", "DPX", "TPX", "QPX", "CPX")
 
 
 def gpu_uuid(unique_id: Optional[int]) -> Optional[str]:
@@ -126,17 +129,25 @@ def _modes(text: Optional[str]) -> list:
     return [token.upper() for token in _MODES_RE.split(text or "") if token]
 
 
+def _nps_modes(text: Optional[str]) -> list:
+    """Memory partition names of a driver list (``NPS1, NPS4``); ``Not supported`` gives []."""
+    return [mode for mode in _modes(text) if mode in _NPS_NAMES]
+
+
 def compatible_memory_partitions(
     compute: Optional[dict],
     memory: Optional[dict],
     supported_nps: Optional[list],
     gfx: Optional[int],
+    selected: Optional[str] = None,
 ) -> tuple:
     """({compute mode: [memory modes]} or None, source "sysfs" | "table" | None).
 
     The table (MI300_COMPATIBLE, for KFD gfx_target_version 9.4.x) limited to the GPU's
-    available modes; the driver's ``supported_nps_configs`` (valid for the current compute mode
-    only) replaces the current mode's row and makes the source "sysfs".
+    available modes; the driver's ``supported_nps_configs`` replaces the row of the compute
+    mode it describes and makes the source "sysfs": ``selected``, the mode
+    ``compute_partition_config/xcp_config`` names (the driver describes the configuration
+    selected there; it is the current mode until root writes another), else the current mode.
     """
     if not compute or not compute.get("available"):
         return None, None
@@ -149,9 +160,10 @@ def compatible_memory_partitions(
             for mode in compute["available"]
         }
         source = COMPATIBLE_TABLE
-    if supported_nps and compute.get("current"):
+    described = selected or compute.get("current")
+    if supported_nps and described:
         result = result or {}
-        result[compute["current"]] = list(supported_nps)
+        result[described] = list(supported_nps)
         source = SOURCE_SYSFS
     return result, source
 
@@ -166,12 +178,19 @@ def read_amd_gpu(reader: Reader, address: str, partition: Optional[dict], kfd: d
     nodes = kfd.get(_pci_key(address), [])
     compute = copy.deepcopy((partition or {}).get("compute"))
     memory = copy.deepcopy((partition or {}).get("memory"))
-    supported = reader.text(
-        f"{device}/compute_partition_config/supported_nps_configs", optional=True
+    supported = _nps_modes(
+        reader.text(f"{device}/compute_partition_config/supported_nps_configs", optional=True)
     )
+    selected = [
+        mode
+        for mode in _modes(
+            reader.text(f"{device}/compute_partition_config/xcp_config", optional=True)
+        )
+        if mode in _XCP_NAMES
+    ]
     gfx = nodes[0]["gfx_target_version"] if nodes else None
     compatible, compatible_source = compatible_memory_partitions(
-        compute, memory, _modes(supported) if supported else None, gfx
+        compute, memory, supported or None, gfx, selected[0] if selected else None
     )
     vram = reader.integer(f"{device}/mem_info_vram_total", optional=True)
     logical, xcd = [], 0
