@@ -447,7 +447,7 @@ def all_checks() -> list:
         ),
         (
             AMD_CHECK,
-            "AMD Instinct facts (sysfs, KFD, amdsmi) against rocminfo",
+            "AMD Instinct facts (sysfs, KFD, amdsmi) against rocminfo and amd-smi",
             proof_amd.check_amd_facts,
         ),
     ]
