@@ -42,6 +42,7 @@ raises CommandOutputError naming the command and quoting at most 80 characters.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from typing import Callable, Optional
@@ -595,6 +596,54 @@ def numa_nodes(static_json: str) -> dict:
     return found
 
 
+def enrich_records(records: dict, smi_records: dict) -> list:
+    """Add amd-smi's values to sysfs ``records`` ({address: amd record}, changed in place).
+
+    As gpu_amd.enrich_amdsmi does for the library: model, VRAM and processes from amd-smi; the
+    current compute/memory partition from amd-smi where sysfs had none; the allowed memory
+    partitions where sysfs and the table gave none; per logical GPU (same index) the UUID,
+    KFD node, gpu_id and render minor where sysfs had none. KFD data read from sysfs win.
+    A record amd-smi reports gets source "amd-smi". Returns the addresses enriched.
+    """
+    done = []
+    for address, record in records.items():
+        theirs = smi_records.get(address)
+        if theirs is None:
+            continue
+        for key in ("model", "vram_total_mib", "processes"):
+            if theirs[key] is not None:
+                record[key] = copy.deepcopy(theirs[key])
+        for key in ("compute_partition", "memory_partition"):
+            if record.get(key) is None and theirs[key] is not None:
+                record[key] = copy.deepcopy(theirs[key])
+        if (
+            record.get("compatible_memory_partitions") is None
+            and theirs["compatible_memory_partitions"]
+        ):
+            record["compatible_memory_partitions"] = copy.deepcopy(
+                theirs["compatible_memory_partitions"]
+            )
+            record["compatible_source"] = SOURCE_AMD_SMI
+        by_index = {item["index"]: item for item in theirs["logical_gpus"]}
+        for item in record.get("logical_gpus") or []:
+            other = by_index.get(item.get("index")) or {}
+            for key in ("uuid", "unique_id", "kfd_node", "gpu_id", "render_minor"):
+                if item.get(key) is None and other.get(key) is not None:
+                    item[key] = other[key]
+        if not record.get("logical_gpus"):
+            record["logical_gpus"] = copy.deepcopy(theirs["logical_gpus"])
+        head = (record.get("logical_gpus") or [{}])[0]
+        for key in ("uuid", "unique_id", "kfd_node", "gpu_id", "render_minor"):
+            if record.get(key) is None:
+                record[key] = head.get(key)
+        for key in ("drm_card", "xcd_count"):
+            if record.get(key) is None:
+                record[key] = theirs[key]
+        record["source"] = SOURCE_AMD_SMI
+        done.append(address)
+    return done
+
+
 def read_amd_smi(run: Optional[Callable], timeout_s: Optional[int] = None) -> tuple:
     """(records, fact) from ``run(name) -> (rc, stdout, stderr)`` of each AMD_SMI_COMMANDS name.
 
@@ -636,6 +685,7 @@ __all__ = [
     "SOURCE_AMD_SMI",
     "amd_smi_argv",
     "command_line",
+    "enrich_records",
     "numa_nodes",
     "parse_amd_smi",
     "parse_devices",

@@ -378,3 +378,55 @@ def test_read_amd_smi_without_the_tool_or_with_a_failing_static():
     run = runner(dict.fromkeys(gpu_amd_smi.AMD_SMI_COMMANDS, (0, "garbage", "")))
     records, fact = gpu_amd_smi.read_amd_smi(run)
     assert records == {} and fact["reason"].startswith("amd-smi static --json: output shows no")
+
+
+# -- enriching sysfs records -------------------------------------------------------------------
+
+
+def test_enrich_records_adds_what_sysfs_lacks_and_keeps_what_it_read():
+    smi = gpu_amd_smi.parse_amd_smi(
+        amd_output(STATIC_MI300A),
+        partition_json=amd_output(PARTITION_SPX),
+        process_json=amd_output(PROCESS_JSON),
+    )
+    sysfs = {
+        "0000:01:00.0": {
+            "model": None,
+            "kfd_node": 2,
+            "gpu_id": 52000,
+            "unique_id": "0x2a",
+            "uuid": "GPU-000000000000002a",
+            "drm_card": "card1",
+            "render_minor": 128,
+            "vram_total_mib": 65536,
+            "compute_partition": {"current": "SPX", "available": ["SPX", "TPX", "CPX"]},
+            "memory_partition": None,
+            "compatible_memory_partitions": None,
+            "compatible_source": None,
+            "xcd_count": None,
+            "logical_gpus": [
+                {
+                    "index": 0,
+                    "uuid": "GPU-000000000000002a",
+                    "unique_id": "0x2a",
+                    "kfd_node": 2,
+                    "gpu_id": 52000,
+                    "render_minor": 128,
+                    "xcds": [],
+                }
+            ],
+            "processes": None,
+            "source": "sysfs",
+        },
+        "0000:c1:00.0": {"source": "sysfs"},
+    }
+    assert gpu_amd_smi.enrich_records(sysfs, smi) == ["0000:01:00.0"]
+    record = sysfs["0000:01:00.0"]
+    assert record["model"] == "MI300A" and record["vram_total_mib"] == 64289
+    assert record["compute_partition"]["available"] == ["SPX", "TPX", "CPX"]  # sysfs kept
+    assert record["memory_partition"] == {"current": "NPS1", "available": []}  # from amd-smi
+    assert record["xcd_count"] == 6
+    assert record["uuid"] == "GPU-000000000000002a" and record["kfd_node"] == 2
+    assert [p["pid"] for p in record["processes"]] == [420157, 420315]
+    assert record["source"] == "amd-smi"
+    assert sysfs["0000:c1:00.0"] == {"source": "sysfs"}
