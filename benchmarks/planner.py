@@ -77,7 +77,7 @@ WORKLOADS = {
         _p("etl-2", node=3, cpus=24, memory="100G"),
         *_cpu_only(13, 6),
     ],
-    "synthetic-mi300x-cpx-nps4": [
+    "synthetic-mi300x-cpx": [
         _p("train", gpus=4, cpus=48, memory="512G"),
         _p("infer-a", gpus=2, cpus=16, memory="64G", tenant="team-a"),
         _p("infer-b", gpus=1, cpus=8, memory="32G"),

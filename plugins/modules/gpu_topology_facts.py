@@ -398,6 +398,11 @@ ansible_facts:
                   memory partitions it allows (C(compatible_source) V(sysfs) when the driver's
                   C(supported_nps_configs) gave the row of the mode C(xcp_config) selects, normally the
                   current one; V(table) for AMD's MI300 table).
+                - The driver gives every logical GPU of one GPU the GPU's C(unique_id), so in DPX,
+                  QPX or CPX the C(logical_gpus) share one C(uuid) and tell apart only by
+                  C(render_minor) (the plan then selects them by render node).
+                - C(hive_id) is the KFD C(hive_id) of the GPU's XGMI hive in hex, V(null) when the
+                  GPU is in none; the GPUs of one hive share their memory partition.
                 - C(source) is V(sysfs), V(amdsmi) (the library enriched it), V(amd-smi) or V(snapshot).
               type: dict
               sample:
@@ -406,12 +411,13 @@ ansible_facts:
                 gpu_id: 50002
                 unique_id: "0x2bd3d5b45ff06a00"
                 uuid: GPU-2bd3d5b45ff06a00
+                hive_id: "0xd2c3a1f05b6e4471"
                 drm_card: card1
                 render_minor: 128
                 vram_total_mib: 196592
                 compute_partition: {current: SPX, available: [SPX, DPX, QPX, CPX]}
                 memory_partition: {current: NPS1, available: [NPS1, NPS4]}
-                compatible_memory_partitions: {SPX: [NPS1], DPX: [NPS1], QPX: [NPS1], CPX: [NPS1, NPS4]}
+                compatible_memory_partitions: {SPX: [NPS1], DPX: [NPS1], QPX: [NPS1, NPS4], CPX: [NPS1, NPS4]}
                 compatible_source: table
                 xcd_count: 8
                 logical_gpus:

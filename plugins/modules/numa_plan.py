@@ -454,7 +454,13 @@ ansible_facts:
               V(null) for the whole GPU, or for a placement with C(partition) the logical GPU (XCP)
               it got, C(mode) (V(CPX)), C(index), C(uuid), C(render_minor), C(xcds) and C(existing).
               Its C(environment) sets C(ROCR_VISIBLE_DEVICES) to UUIDs (never indices) and no
-              C(CUDA_*) key. A logical GPU that appears only once the compute partition changes
+              C(CUDA_*) key, when each UUID names one logical GPU of the host. When one does not
+              (the logical GPUs of a partitioned GPU carry the GPU's KFD unique_id, or a GPU has
+              none), the entry has C(device_allow) instead, V([/dev/kfd, /dev/dri/renderD<N>, ...])
+              (the render node of each of its GPUs), and no C(ROCR_VISIBLE_DEVICES); its unit gets
+              C(DevicePolicy=closed) and one C(DeviceAllow=<path> rw) per path, and ROCm skips
+              every GPU whose render node it may not open. Other entries have no C(device_allow)
+              key. A logical GPU that appears only once the compute partition changes
               has C(uuid) V(null), C(ROCR_VISIBLE_DEVICES) empty and a C(waits_for) with
               C(partition) (V(CPX logical GPU 0 of GPU 0000:43:00.0)), C(gpu), C(mode), C(index)
               and C(reason) V(created when the compute partition changes).

@@ -90,8 +90,10 @@ options:
       - Adds the check C(gpu_partitions) when the plan has C(amd_partitions) (a host with AMD
         GPUs) - per AMD GPU (subject C(GPU <address>)) the compute and memory partition the facts
         show against the planned ones (a memory-partition change that waits for the driver
-        reload warns C(pending reset)), and per placement with C(ROCR_VISIBLE_DEVICES) that each
-        UUID is a GPU or logical GPU of the facts on one of the placement's planned nodes.
+        reload warns C(pending reset)), per placement with C(ROCR_VISIBLE_DEVICES) that each
+        UUID is exactly one GPU or logical GPU of the facts on one of the placement's planned
+        nodes, and per placement with C(device_allow) that each render node is a GPU's or
+        logical GPU's of the facts on one of those nodes.
     type: dict
   render_mode:
     description:

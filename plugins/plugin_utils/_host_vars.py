@@ -283,7 +283,8 @@ PLACEMENT_KEYS = (
         "One logical GPU (XCP) of an AMD Instinct GPU in that compute partition mode: dpx, "
         "tpx, qpx or cpx (either case). The GPU must be in that mode or declared so in "
         "numafleet_gpu_partitions; not with mig_profile, mps or gpus: above 1 (gpus: listing "
-        "one GPU picks the GPU). The unit gets ROCR_VISIBLE_DEVICES of the logical GPU's UUID.",
+        "one GPU picks the GPU). The unit gets ROCR_VISIBLE_DEVICES of the logical GPU's UUID, "
+        "or, where the logical GPUs share their GPU's UUID, its render node (DeviceAllow=).",
         default_text="none (whole GPUs)",
     ),
     Key(
@@ -447,7 +448,8 @@ AMD_PARTITION_KEYS = (
         None,
         "AMD: the memory partition mode (NPS1, NPS2, NPS4, NPS8), checked against the modes "
         "the compute partition allows; a change reloads the amdgpu driver only with "
-        "numafleet_amd_reset_ok.",
+        "numafleet_amd_reset_ok, and must name every GPU of the GPU's XGMI hive (they share "
+        "one memory partition).",
         choices=("NPS1", "NPS2", "NPS4", "NPS8"),
         default_text="none (keep the current mode)",
     ),

@@ -77,7 +77,7 @@ def compare(facts: dict, rocm: Optional[list]) -> list:
             "none missing",
         )
     )
-    uuids = []
+    uuids, gpu_uuids, no_render = [], [], []
     for entry in amd:
         record = entry.get("amd") or {}
         mode = (record.get("compute_partition") or {}).get("current")
@@ -100,15 +100,24 @@ def compare(facts: dict, rocm: Optional[list]) -> list:
             )
         )
         uuids += [item.get("uuid") for item in logical]
+        gpu_uuids.append(record.get("uuid"))
+        no_render += [
+            f"{entry['address']}/{item.get('index')}"
+            for item in logical
+            if item.get("render_minor") is None
+        ]
     found.append(("every logical GPU has a UUID", all(uuids), uuids.count(None), 0))
+    # The driver gives the logical GPUs of one GPU that GPU's unique_id: the GPUs' own UUIDs
+    # must differ, and the logical GPUs need their render nodes (the plan selects by them).
     found.append(
         (
-            "logical GPU UUIDs are distinct",
-            len(set(uuids)) == len(uuids),
-            len(uuids),
-            len(set(uuids)),
+            "GPU UUIDs are distinct",
+            len(set(gpu_uuids)) == len(gpu_uuids),
+            len(gpu_uuids),
+            len(set(gpu_uuids)),
         )
     )
+    found.append(("every logical GPU has a render node", not no_render, no_render, "none missing"))
     if rocm is not None:
         ours = {u.lower() for u in uuids if u}
         theirs = {u.lower() for u in rocm}

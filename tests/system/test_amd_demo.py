@@ -1,18 +1,17 @@
-"""AMD Instinct on the demo host mi300x-01 (issue 24): placements, visibility, partitions.
+"""AMD Instinct on the demo host mi300x-01: placements, device selection, partitions.
 
-mi300x-01 has 8 MI300X: 0000:03:00.0 and 0000:23:00.0 (node 0) whole (SPX/NPS1), the other six
-in CPX/NPS4 (8 logical GPUs each). Its host_vars place a 70B model on the two whole GPUs of
-node 0 and 16 small models with ``partition: cpx`` (8 on 0000:43:00.0, node 0; 8 on
-0000:83:00.0, node 1), and declare one partition change: 0000:e3:00.0 CPX/NPS4 -> SPX/NPS1
-(numafleet_amd_reset_ok: true; render mode reloads nothing).
+mi300x-01 has 8 MI300X, one XGMI hive in memory partition NPS1: 0000:03:00.0 and 0000:23:00.0
+(node 0) whole (SPX), the other six in CPX (8 logical GPUs each, all carrying their GPU's UUID,
+as the driver gives them). Its host_vars place a 70B model on the two whole GPUs of node 0 and
+16 small models with ``partition: cpx`` (8 on 0000:43:00.0, node 0; 8 on 0000:83:00.0, node 1),
+and declare one partition change: 0000:e3:00.0 CPX -> SPX (no driver reload).
 
 - check mode shows the change and writes nothing;
-- render mode writes the scratch tree's partition files, the units carry ROCR_VISIBLE_DEVICES by
-  UUID (never an index) and the pinning of their GPU's node, and the summary line shows the
-  placements; a second run changes nothing; verify's gpu_partitions checks pass.
-
-These need the AMD facts (branch h24-facts), the planner's AMD partitions (h24-amdplan) and the
-amd layer (h24-apply): a missing part skips the tests that need it, naming it.
+- render mode writes the scratch tree's partition files; the whole GPUs' unit carries
+  ROCR_VISIBLE_DEVICES by UUID, each CPX unit its logical GPU's render node (DevicePolicy=closed,
+  DeviceAllow=) as the shared UUID selects none, never an index; all carry the pinning of their
+  GPU's node, and the summary line shows the placements; a second run changes nothing; verify's
+  gpu_partitions checks pass.
 """
 
 from __future__ import annotations
@@ -20,8 +19,7 @@ from __future__ import annotations
 import json
 import re
 
-import pytest
-from system_helpers import REPO, tree_digest
+from system_helpers import tree_digest
 
 HOST = "mi300x-01"
 CHANGED_GPU = "0000:e3:00.0"
@@ -32,23 +30,6 @@ NODE_CPUS = {
     0: set(range(48)) | set(range(96, 144)),
     1: set(range(48, 96)) | set(range(144, 192)),
 }
-_CORE = REPO / "plugins" / "module_utils" / "numa"
-
-
-def _missing() -> list:
-    """The parts of issue 24 this checkout lacks (each names its branch)."""
-    missing = []
-    if not (_CORE / "gpu_amd.py").is_file():
-        missing.append("the AMD facts (gpu_amd.py, branch h24-facts)")
-    planner = [p for p in _CORE.rglob("*.py") if p.name.startswith("plan")]
-    if not any("amd_partitions" in p.read_text(encoding="utf-8") for p in planner):
-        missing.append("the planner's plan key amd_partitions (branch h24-amdplan)")
-    if not (REPO / "roles" / "amd_partition").is_dir():
-        missing.append("the amd layer and role amd_partition (branch h24-apply)")
-    return missing
-
-
-pytestmark = pytest.mark.skipif(bool(_missing()), reason="needs " + "; ".join(_missing()))
 
 
 def _partition_file(root, address: str, name: str):
@@ -84,7 +65,7 @@ def test_check_mode_shows_the_partition_change_and_writes_nothing(scratch_demo):
     run = demo.site("--check", "--diff")
     assert run.rc == 0, run.explain()
     assert tree_digest(demo.root) == before
-    assert _modes(demo.root, CHANGED_GPU) == ("CPX", "NPS4")
+    assert _modes(demo.root, CHANGED_GPU) == ("CPX", "NPS1")
     summary = run.one(HOST, PLAN_TASK)["summary"]
     assert "llm-70b node0 cpus " in summary and " gpus 03:00.0,23:00.0;" in summary, summary
     assert summary.count("/cpx") == 16, summary
@@ -92,16 +73,16 @@ def test_check_mode_shows_the_partition_change_and_writes_nothing(scratch_demo):
     assert layer["changed"] is True
     (gpu,) = [g for g in layer["gpus"] if g["address"] == CHANGED_GPU]
     assert gpu["compute"] == {"before": "CPX", "after": "SPX"}
-    assert gpu["memory"] == {"before": "NPS4", "after": "NPS1"}
+    assert gpu["memory"]["before"] == gpu["memory"]["after"] == "NPS1", gpu
 
 
-def test_render_mode_applies_the_partitions_and_renders_units_by_uuid(scratch_demo):
+def test_render_mode_applies_the_partitions_and_selects_each_gpu(scratch_demo):
     demo = scratch_demo(HOST)
     first = demo.site()
     assert first.rc == 0, first.explain()
     # The change reached the scratch tree's sysfs files; the other GPUs kept their modes.
     assert _modes(demo.root, CHANGED_GPU) == ("SPX", "NPS1")
-    assert _modes(demo.root, "0000:43:00.0") == ("CPX", "NPS4")
+    assert _modes(demo.root, "0000:43:00.0") == ("CPX", "NPS1")
     assert _modes(demo.root, "0000:03:00.0") == ("SPX", "NPS1")
 
     plan_result = first.one(HOST, PLAN_TASK)
@@ -127,12 +108,15 @@ def test_render_mode_applies_the_partitions_and_renders_units_by_uuid(scratch_de
         node = 0 if name < "small-08" else 1
         assert gpu["address"] == ("0000:43:00.0" if node == 0 else "0000:83:00.0")
         assert gpu["partition"]["mode"] == "CPX" and gpu["partition"]["uuid"], gpu
-        uuid = gpu["partition"]["uuid"]
-        assert uuid not in seen and uuid.startswith("GPU-")
-        seen.add(uuid)
+        minor = gpu["partition"]["render_minor"]
+        assert minor not in seen and isinstance(minor, int), gpu
+        seen.add(minor)
+        render = f"/dev/dri/renderD{minor}"
+        assert placement["device_allow"] == ["/dev/kfd", render], placement
         assert placement["node"] == node and placement["mems"] == [node]
         text = demo.unit(f"numafleet-{name}.service")
-        assert f'Environment="ROCR_VISIBLE_DEVICES={uuid}"' in text, text
+        assert "ROCR_VISIBLE_DEVICES" not in text, text
+        assert f"DevicePolicy=closed\nDeviceAllow=/dev/kfd rw\nDeviceAllow={render} rw\n" in text
         affinity = re.search(r"^CPUAffinity=(.+)$", text, re.M).group(1)
         assert _cpus(affinity) <= NODE_CPUS[node], (name, affinity)
         assert re.search(rf"^NUMAMask={node}$", text, re.M), text

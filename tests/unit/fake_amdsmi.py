@@ -29,7 +29,12 @@ from typing import Optional
 
 XCDS_MI300X = 8
 _PARTITIONS = {"SPX": 1, "DPX": 2, "TPX": 3, "QPX": 4, "CPX": 8}
-MI300X_COMPATIBLE = {"SPX": ["NPS1"], "DPX": ["NPS1"], "QPX": ["NPS1"], "CPX": ["NPS1", "NPS4"]}
+MI300X_COMPATIBLE = {
+    "SPX": ["NPS1"],
+    "DPX": ["NPS1"],
+    "QPX": ["NPS1", "NPS4"],
+    "CPX": ["NPS1", "NPS4"],
+}
 
 
 class AmdSmiRetCode(enum.IntEnum):

@@ -11,7 +11,7 @@ from ansible_collections.numafleet.tuning.plugins.module_utils.numa import gpu, 
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.sysfs import Reader
 from tests.unit import fake_amdsmi as fake
 
-TREE = "synthetic-mi300x-cpx-nps4"
+TREE = "synthetic-mi300x-cpx"
 TARBALL = os.path.join(os.path.dirname(__file__), "fixtures", "sysfs", f"{TREE}.tar.gz")
 SPX = ("0000:03:00.0", "0000:23:00.0")
 UNIQUE = 0x2BD3D5B45FF06A00
@@ -109,11 +109,14 @@ def test_spx_and_cpx_gpus_from_sysfs(tree):
     cpx_address = next(a for a in gpus if a not in SPX)
     cpx = gpus[cpx_address]["amd"]
     assert cpx["compute_partition"]["current"] == "CPX"
-    assert cpx["memory_partition"]["current"] == "NPS4"
+    assert cpx["memory_partition"]["current"] == "NPS1"
     assert [lg["index"] for lg in cpx["logical_gpus"]] == list(range(8))
     assert [lg["xcds"] for lg in cpx["logical_gpus"]] == [[i] for i in range(8)]
+    # this fixture gives each partition a unique_id of its own (the tree's share the GPU's)
     uuids = [lg["uuid"] for lg in cpx["logical_gpus"]]
     assert len(set(uuids)) == 8 and cpx["uuid"] == uuids[0]
+    # no hive_id in these KFD nodes: in no XGMI hive
+    assert {g["amd"]["hive_id"] for g in gpus.values()} == {None}
     minors = [lg["render_minor"] for lg in cpx["logical_gpus"]]
     assert minors == list(range(minors[0], minors[0] + 8))
     assert cpx["xcd_count"] == 8

@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from .errors import NumaTuneError
+from .gpu_amd import MI300_COMPATIBLE
 from .mig_holders import open_devices, process_ids, read_comm
 
 COMPUTE_MODES = ("SPX", "DPX", "TPX", "QPX", "CPX")
@@ -67,8 +68,6 @@ DEFAULT_STATE_PATH = "/etc/numafleet/amd-partition.json"
 DEFAULT_BOOT_PROGRAM_PATH = "/usr/local/libexec/numafleet-amd-partition"
 STATE_FORMAT = "numafleet.tuning/amd-partition"
 PYTHON = "/usr/bin/python3"
-# The documented MI300X table (see the module docstring); used when the entry carries none.
-MI300X_COMPATIBLE = {"SPX": ("NPS1",), "DPX": ("NPS1",), "QPX": ("NPS1",), "CPX": ("NPS1", "NPS4")}
 
 
 class AmdPartitionError(NumaTuneError):
@@ -497,7 +496,7 @@ def plan_changes(gpus: list, backend) -> list:
                     f"GPU {address}: {kind} partition {want} is not available "
                     f"(available_{kind}_partition: {', '.join(avail)})"
                 )
-        table = entry.get("compatible_memory_partitions") or MI300X_COMPATIBLE
+        table = entry.get("compatible_memory_partitions") or MI300_COMPATIBLE
         allowed = table.get(want_c) if isinstance(table, dict) else None
         if want_m and allowed and want_m not in allowed and (want_c, want_m) != (now_c, now_m):
             problems.append(

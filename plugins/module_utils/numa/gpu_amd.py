@@ -43,11 +43,13 @@ SOURCE_SYSFS = "sysfs"
 SOURCE_AMDSMI = "amdsmi"
 SOURCE_SNAPSHOT = "snapshot"
 COMPATIBLE_TABLE = "table"
-# AMD's documented MI300-series table (compute partition -> memory partitions it allows).
+# AMD's MI300-series pairs (compute partition -> memory partitions it allows): no more memory
+# partitions than logical GPUs; QPX with NPS4 as amd-smi's profile table lists it (ROCm 7.0.2).
+# Used only when neither the driver (supported_nps_configs) nor amd-smi says.
 MI300_COMPATIBLE = {
     "SPX": ("NPS1",),
     "DPX": ("NPS1",),
-    "QPX": ("NPS1",),
+    "QPX": ("NPS1", "NPS4"),
     "CPX": ("NPS1", "NPS4"),
 }
 _MI300_GFX = 904  # KFD gfx_target_version 9.4.x (gfx940-gfx942: MI300A, MI300X, MI325X)
@@ -80,7 +82,8 @@ def read_kfd_nodes(reader: Reader) -> dict:
     """{(domain, bus<<5|device): [KFD node record, ...]} of GPU nodes, node-id order.
 
     Record: {"kfd_node": int, "gpu_id": int, "unique_id": int|None, "render_minor": int|None,
-    "num_xcc": int|None, "gfx_target_version": int|None, "partition_id": int|None}. Source:
+    "num_xcc": int|None, "gfx_target_version": int|None, "partition_id": int|None,
+    "hive_id": int|None (the XGMI hive; None when 0, a GPU in no hive)}. Source:
     class/kfd/kfd/topology/nodes/<N>/gpu_id and properties; nodes with gpu_id 0 (CPUs) skipped.
     """
     base = reader.sys("class", "kfd", "kfd", "topology", "nodes")
@@ -105,6 +108,7 @@ def read_kfd_nodes(reader: Reader) -> dict:
                 "num_xcc": props.get("num_xcc"),
                 "gfx_target_version": props.get("gfx_target_version"),
                 "partition_id": part if part else None,
+                "hive_id": props.get("hive_id") or None,
             }
         )
     return found
@@ -215,6 +219,7 @@ def read_amd_gpu(reader: Reader, address: str, partition: Optional[dict], kfd: d
         "gpu_id": first.get("gpu_id"),
         "unique_id": first.get("unique_id"),
         "uuid": first.get("uuid"),
+        "hive_id": hex(nodes[0]["hive_id"]) if nodes and nodes[0].get("hive_id") else None,
         "drm_card": _drm_card(reader, address),
         "render_minor": first.get("render_minor"),
         "vram_total_mib": vram // _MIB if vram else None,

@@ -539,6 +539,7 @@ def _record(members, current, memory, profiles, procs, first, first_item) -> dic
         "gpu_id": head["gpu_id"],
         "unique_id": head["unique_id"],
         "uuid": head["uuid"],
+        "hive_id": None,  # amd-smi static prints no XGMI hive id; sysfs gives it
         "drm_card": card if card and card.startswith("card") else None,
         "render_minor": head["render_minor"],
         "vram_total_mib": _mib(vram.get("size")),

@@ -131,6 +131,7 @@ _AMD_RECORD = _obj(
     gpu_id=_opt(_INT),
     unique_id=_opt(_STR),
     uuid=_opt(_STR),
+    hive_id=_absent_ok(_STR),
     drm_card=_opt(_STR),
     render_minor=_opt(_INT),
     vram_total_mib=_opt(_INT),

@@ -501,6 +501,7 @@ class Host(MigLayouts, AmdLayouts):
                 self._declare_amd(declared)
             else:
                 self._declare_mig(declared)
+        self._check_amd_hives()
         # Free whole GPUs (MIG-enabled ones only ever serve MIG instances), by CPU node.
         self.free_whole: dict = {nid: [] for nid in self.node_ids}
         self.free_unknown: list = []

@@ -24,6 +24,33 @@ XCP_COUNT = {"SPX": 1, "DPX": 2, "TPX": 3, "QPX": 4}
 # waits_for.reason of a placement whose logical GPU appears only once the mode changes.
 WAIT_COMPUTE_CHANGE = "created when the compute partition changes"
 MPS_NOT_AMD = "MPS is NVIDIA only; use partition: cpx to share an AMD GPU"
+# What a unit selected by render node may open (systemd DeviceAllow=, with DevicePolicy=closed):
+# the KFD compute interface every ROCm process needs, then its GPUs' render nodes.
+KFD_DEVICE = "/dev/kfd"
+
+
+def render_node(minor: int) -> str:
+    """The device path of DRM render minor ``minor`` (``/dev/dri/renderD<minor>``)."""
+    return f"/dev/dri/renderD{minor}"
+
+
+def shared_uuids(gpus) -> set:
+    """The UUIDs (lower case) more than one logical GPU of the host carries.
+
+    The driver gives every logical GPU (XCP) of a partitioned GPU the GPU's KFD ``unique_id``
+    (seen on a real 8x MI300X in CPX), and ROCr refuses a ROCR_VISIBLE_DEVICES UUID that matches
+    more than one GPU agent: it then exposes none. ``gpus``: the planner's Gpu records.
+    """
+    seen: set = set()
+    shared: set = set()
+    for gpu in gpus:
+        if gpu.amd is None:
+            continue
+        for logical in gpu.amd.get("logical_gpus") or ():
+            uuid = (logical.get("uuid") or "").lower()
+            if uuid:
+                (shared if uuid in seen else seen).add(uuid)
+    return shared
 
 
 def xcp_count(mode: str, xcd_count: Optional[int]) -> int:
@@ -143,6 +170,36 @@ class AmdLayouts:
             # changed the mode and the plan is made again.
             count = xcp_count(compute, amd.get("xcd_count"))
             gpu.xcp_slots = [Slot(i, 1, compute, None, None, False) for i in range(count)]
+
+    def _check_amd_hives(self) -> None:
+        """Refuse a declared memory partition change that leaves the GPUs of one XGMI hive
+        (amd.hive_id) in different memory partitions: the driver makes the request for every GPU
+        of the hive and applies it at one reload, so they share it."""
+        hives: dict = {}
+        for gpu in self.gpus:
+            hive = (gpu.amd or {}).get("hive_id")
+            if hive:
+                hives.setdefault(hive, []).append(gpu)
+        for hive, members in sorted(hives.items()):
+            changed = [g for g in members if g.amd_memory_planned != g.amd_memory]
+            if not changed or len({g.amd_memory_planned for g in members}) == 1:
+                continue
+            first = changed[0]
+            want = first.amd_memory_planned
+            others = ", ".join(
+                f"{g.address} {g.amd_memory_planned}"
+                for g in members
+                if g.amd_memory_planned != want
+            )
+            raise PlacementError(
+                self.host,
+                f"{first.amd_declared.where}.memory_partition: {want} on GPU {first.address} "
+                f"changes the memory partition of XGMI hive {hive}, whose GPUs share one (the "
+                f"driver sets it for every GPU of the hive at one reload), and {others} would "
+                f"differ; declare memory_partition: {want} for every GPU of the hive "
+                f"({', '.join(g.address for g in members)}) with a compute partition that "
+                "allows it, or for none",
+            )
 
 
 class AmdChecks:

@@ -22,7 +22,14 @@ from .plan_common import (
 )
 from .plan_fit import Fit
 from .plan_gpu import Gpu, Slot, choose_gpus
-from .plan_gpu_amd import commit_slot, partition_out, waits_for_partition
+from .plan_gpu_amd import (
+    KFD_DEVICE,
+    commit_slot,
+    partition_out,
+    render_node,
+    shared_uuids,
+    waits_for_partition,
+)
 from .plan_gpu_partitions import PENDING_FIX, pending_text, waits_for_instance
 
 
@@ -286,11 +293,16 @@ class GpuChoice:
         device = anchor[0]
         return {"address": device["address"], "kind": device.get("kind"), "node": device["node"]}
 
-    def _gpu_part(self, p, fit: Fit, environment: dict, warnings: list) -> tuple:
-        """GPU entries, CUDA_VISIBLE_DEVICES and MPS settings of a placement that has GPUs."""
+    def _gpu_part(
+        self, p, fit: Fit, environment: dict, warnings: list, extra: Optional[dict] = None
+    ) -> tuple:
+        """GPU entries, CUDA_VISIBLE_DEVICES and MPS settings of a placement that has GPUs;
+        ``extra`` gets the plan entry's optional keys (``device_allow``)."""
         gpus_out, devices, mps_out = self._commit_gpus(p, fit)
         if any(g.amd is not None for g in fit.gpus):
-            return self._amd_part(p, fit, gpus_out, devices, environment, warnings)
+            return self._amd_part(
+                p, fit, gpus_out, devices, environment, warnings, {} if extra is None else extra
+            )
         visible = ",".join(devices) if all(devices) else ""
         if any(g.vendor == "nvidia" or (g.uuid or "").startswith("GPU-") for g in fit.gpus):
             environment["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
@@ -349,16 +361,42 @@ class GpuChoice:
         return gpus_out, visible, mps_out, waits
 
     def _amd_part(
-        self, p, fit: Fit, gpus_out: list, devices: list, environment: dict, warnings: list
+        self,
+        p,
+        fit: Fit,
+        gpus_out: list,
+        devices: list,
+        environment: dict,
+        warnings: list,
+        extra: dict,
     ) -> tuple:
-        """The GPU part of a placement with AMD GPUs: ROCR_VISIBLE_DEVICES by UUID (whole GPU:
-        its uuid; partition: the logical GPU's), never indices, no CUDA_* key for them; a
-        logical GPU that appears once the compute partition changes: "" and waits_for."""
-        pairs = list(zip(gpus_out, devices))
-        amd = [device for entry, device in pairs if "partition" in entry]
-        nvidia = [device for entry, device in pairs if "partition" not in entry]
+        """The GPU part of a placement with AMD GPUs, never by index, no CUDA_* key for them.
+
+        ROCR_VISIBLE_DEVICES by UUID (whole GPU: its uuid; partition: the logical GPU's) when
+        every UUID names one logical GPU of the host. When one is shared (the logical GPUs of a
+        partitioned GPU carry the GPU's unique_id) or missing, the unit is given its render
+        nodes instead: ``extra["device_allow"]`` = [/dev/kfd, /dev/dri/renderD<minor>, ...]
+        (DevicePolicy=closed; ROCm skips a GPU whose render node it may not open) and no
+        ROCR_VISIBLE_DEVICES. A logical GPU that appears once the compute partition changes:
+        "" and waits_for.
+        """
+        pairs = list(zip(gpus_out, devices, fit.gpus))
+        amd = [(entry, device, gpu) for entry, device, gpu in pairs if "partition" in entry]
+        nvidia = [device for entry, device, dummy in pairs if "partition" not in entry]
         waits = None
         slot = fit.mig if p.partition is not None else None
+        shared = shared_uuids(self.state.gpus)
+        unusable = [
+            (entry, device, gpu)
+            for entry, device, gpu in amd
+            if not device or device.lower() in shared
+        ]
+        minors = [
+            (entry["partition"] or {}).get("render_minor")
+            if entry["partition"] is not None
+            else gpu.amd.get("render_minor")
+            for entry, dummy, gpu in amd
+        ]
         if slot is not None and not slot.existing:
             environment["ROCR_VISIBLE_DEVICES"] = ""
             waits = waits_for_partition(fit.gpus[0], slot)
@@ -367,13 +405,16 @@ class GpuChoice:
                 "written with ROCR_VISIBLE_DEVICES empty (no GPU) but not enabled or started "
                 "until the amd layer changed the mode and the plan is made again"
             )
-        elif all(amd):
-            environment["ROCR_VISIBLE_DEVICES"] = ",".join(amd)
+        elif not unusable:
+            environment["ROCR_VISIBLE_DEVICES"] = ",".join(device for dummy, device, g in amd)
+        elif all(minor is not None for minor in minors):
+            extra["device_allow"] = [KFD_DEVICE] + [render_node(minor) for minor in minors]
         else:
-            missing = [e["address"] for e, d in pairs if "partition" in e and not d]
+            missing = [e["address"] for e, dummy, g in unusable]
             warnings.append(
-                f"GPU {', '.join(missing)} has no UUID in the facts (no KFD unique_id): "
-                "ROCR_VISIBLE_DEVICES is not set; select the device in the program"
+                f"GPU {', '.join(missing)} has no UUID of its own (no or a shared KFD "
+                "unique_id) and no render node in the facts: ROCR_VISIBLE_DEVICES is not set; "
+                "select the device in the program"
             )
         visible = ""
         if nvidia and all(nvidia):

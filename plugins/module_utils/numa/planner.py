@@ -196,8 +196,9 @@ class _Planner(GpuChoice, CpuMemoryFit, MigChecks, AmdChecks, MpsChecks, KeepRec
                 "node": fit.mem_node,
             }
         environment: dict = {}
+        extra: dict = {}  # optional keys of the entry, only where set (device_allow)
         if fit.gpus:
-            gpus_out, visible, mps_out, waits = self._gpu_part(p, fit, environment, warnings)
+            gpus_out, visible, mps_out, waits = self._gpu_part(p, fit, environment, warnings, extra)
         else:
             gpus_out, visible, mps_out, waits = [], "", None, None
         for key, value in p.environment:
@@ -241,6 +242,7 @@ class _Planner(GpuChoice, CpuMemoryFit, MigChecks, AmdChecks, MpsChecks, KeepRec
             "request": self.requests.get(p.index) or placement_request(p),
             "warnings": warnings,
         }
+        entry.update(extra)
         return limits.add_to_entry(entry, p.limits, p.memory_kb)
 
     @staticmethod

@@ -502,6 +502,36 @@ def _mps_instance(placement: dict, where: str, daemons: Optional[dict] = None) -
 # way): a drop-in first assigns the empty string, which resets what the vendor unit set, so the
 # result is the plan's set and not a union with it.
 _MERGED_SETS = ("CPUAffinity", "NUMAMask", "AllowedCPUs", "AllowedMemoryNodes")
+# The devices a unit selected by render node may open (the plan's ``device_allow``): the KFD
+# compute interface and DRM render nodes only.
+_DEVICE_PATH = re.compile(r"^/dev/(kfd|dri/renderD[0-9]{1,6})\Z")
+
+
+def _device_entries(placement: dict, where: str, dropin: bool) -> list:
+    """[Service] entries of the plan entry's ``device_allow`` ([] without it).
+
+    DevicePolicy=closed and one ``DeviceAllow=<path> rw`` per path: the unit's cgroup may open
+    those devices (and the standard pseudo devices) only, so ROCm, which skips a GPU whose
+    render node it may not open, sees exactly the planned GPUs. A drop-in first resets the
+    vendor unit's DeviceAllow= list (an empty assignment), so a vendor-wide allowance cannot
+    widen it; a later drop-in can still add devices the program needs (an RDMA adapter).
+    """
+    devices = placement.get("device_allow")
+    if devices is None:
+        return []
+    if (
+        not isinstance(devices, list)
+        or not devices
+        or not all(isinstance(path, str) and _DEVICE_PATH.match(path) for path in devices)
+    ):
+        raise UnitRenderError(
+            f"{where}.device_allow is {devices!r}, not a list of /dev/kfd and "
+            f"/dev/dri/renderD<N> paths; {_REPLAN}"
+        )
+    entries = [("DevicePolicy", "closed")]
+    if dropin:
+        entries.append(("DeviceAllow", ""))
+    return entries + [("DeviceAllow", f"{path} rw") for path in devices]
 
 
 # Re-creates the recorded MIG layout at boot (numafleet.tuning.nvidia_mig).
@@ -551,6 +581,7 @@ def _placement_entries(
         service.append(
             ("Environment", quote_environment(key, environment[key], f"{where}.environment"))
         )
+    service.extend(_device_entries(placement, where, dropin))
     service.append(("LimitMEMLOCK", "infinity"))
     service.extend(limits.service_entries(placement, where))  # MemoryMax=, CPUWeight=...
     return unit_entries, service

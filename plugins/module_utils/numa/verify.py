@@ -1665,6 +1665,33 @@ def _uuid_owners(gpus: list) -> dict:
     return owners
 
 
+def _logical_counts(gpus: list) -> dict:
+    """{UUID (lower case): how many logical GPUs carry it} over every AMD GPU of the facts."""
+    counts: dict = {}
+    for gpu in gpus:
+        for logical in gpu["amd"].get("logical_gpus") or ():
+            if isinstance(logical, dict) and logical.get("uuid"):
+                uuid = str(logical["uuid"]).lower()
+                counts[uuid] = counts.get(uuid, 0) + 1
+    return counts
+
+
+def _render_owners(gpus: list) -> dict:
+    """{/dev/dri/renderD<minor>: the GPU entry} of every AMD GPU and each of its logical GPUs."""
+    owners = {}
+    for gpu in gpus:
+        amd = gpu["amd"]
+        minors = [amd.get("render_minor")] + [
+            logical.get("render_minor")
+            for logical in amd.get("logical_gpus") or ()
+            if isinstance(logical, dict)
+        ]
+        for minor in minors:
+            if isinstance(minor, int):
+                owners[f"/dev/dri/renderD{minor}"] = gpu
+    return owners
+
+
 def partition_checks(host: str, plan, gpu_topology) -> list[Check]:
     """The ``gpu_partitions`` checks of one host: the plan's AMD partitions and visible devices
     against the GPU facts (ansible_facts.gpu_topology, its ``amd`` records); no I/O.
@@ -1676,7 +1703,10 @@ def partition_checks(host: str, plan, gpu_topology) -> list[Check]:
     difference, or a GPU the facts lack, fails. Per placement with a ``ROCR_VISIBLE_DEVICES``
     (subject: its name): each UUID is a GPU's or a logical GPU's UUID in the facts, and that
     GPU's NUMA node (facts ``node``) is one of the placement's planned nodes or mems; an empty
-    value (the logical GPU waits for a compute partition change) is skipped. A plan without
+    value (the logical GPU waits for a compute partition change) is skipped, and a UUID that
+    more than one logical GPU carries fails (ROCr then exposes no device). Per placement with
+    ``device_allow`` (selected by render node): each render node is a GPU's or logical GPU's
+    in the facts, on one of the placement's nodes. A plan without
     ``amd_partitions`` (no AMD GPU) gives no check. Raises VerifyError when plan is no mapping.
     """
     if not isinstance(plan, dict):
@@ -1694,9 +1724,15 @@ def partition_checks(host: str, plan, gpu_topology) -> list[Check]:
         if isinstance(entry, dict):
             _check_partition_modes(out, entry, by_address.get(str(entry.get("address"))))
     owners = _uuid_owners(gpus)
+    counts = _logical_counts(gpus)
+    renders = _render_owners(gpus)
     for placement in plan.get("placements") or ():
-        if isinstance(placement, dict):
-            _check_visible(out, placement, owners)
+        if not isinstance(placement, dict):
+            continue
+        if isinstance(placement.get("device_allow"), list):
+            _check_render_nodes(out, placement, renders)
+        else:
+            _check_visible(out, placement, owners, counts)
     return out.out
 
 
@@ -1741,7 +1777,38 @@ def _check_partition_modes(out: _Checks, entry: dict, gpu: Optional[dict]) -> No
         )  # fmt: skip
 
 
-def _check_visible(out: _Checks, placement: dict, owners: dict) -> None:
+def _check_render_nodes(out: _Checks, placement: dict, renders: dict) -> None:
+    name = str(placement.get("name"))
+    paths = [p for p in placement["device_allow"] if str(p).startswith("/dev/dri/")]
+    local = set(placement.get("nodes") or ()) | set(placement.get("mems") or ())
+    measured, missing, far = {}, [], []
+    for path in paths:
+        gpu = renders.get(str(path))
+        measured[str(path)] = None if gpu is None else gpu.get("node")
+        if gpu is None:
+            missing.append(str(path))
+        elif gpu.get("node") is None or gpu.get("node") not in local:
+            far.append(f"{path} (GPU {gpu.get('address')}, node {gpu.get('node')})")
+    if missing or far or not paths:
+        parts = [f"{', '.join(missing)} not a GPU's render node on the host"] if missing else []
+        if far:
+            parts.append(f"{', '.join(far)} not on the placement's nodes {format_cpulist(local)}")
+        if not paths:
+            parts.append("no render node allowed")
+        out.add(
+            PARTITION_CHECK, name, "fail", measured, sorted(local), "node",
+            "DeviceAllow: " + "; ".join(parts) + "; gather facts again and re-plan",
+            "; ".join(parts),
+        )  # fmt: skip
+    else:
+        out.add(
+            PARTITION_CHECK, name, "pass", measured, sorted(local), "node",
+            f"DeviceAllow: {len(paths)} render node(s) on the host, on node(s) "
+            f"{format_cpulist(local)}",
+        )  # fmt: skip
+
+
+def _check_visible(out: _Checks, placement: dict, owners: dict, counts: dict) -> None:
     uuids = _rocr_uuids(placement)
     if uuids is None:
         return
@@ -1755,23 +1822,27 @@ def _check_visible(out: _Checks, placement: dict, owners: dict) -> None:
         )
         return
     local = set(placement.get("nodes") or ()) | set(placement.get("mems") or ())
-    measured, missing, far = {}, [], []
+    measured, missing, far, shared = {}, [], [], []
     for uuid in uuids:
         gpu = owners.get(uuid)
         if gpu is None:
             missing.append(uuid)
             measured[uuid] = None
             continue
+        if counts.get(uuid.lower(), 0) > 1:
+            shared.append(f"{uuid} ({counts[uuid.lower()]} logical GPUs)")
         node = gpu.get("node")
         measured[uuid] = node
         if node is None or node not in local:
             far.append(f"{uuid} (GPU {gpu.get('address')}, node {node})")
-    if missing or far:
+    if missing or far or shared:
         parts = []
         if missing:
             parts.append(f"{', '.join(missing)} not on the host")
         if far:
             parts.append(f"{', '.join(far)} not on the placement's nodes {format_cpulist(local)}")
+        if shared:
+            parts.append(f"{', '.join(shared)} shared, so ROCm exposes no device")
         out.add(
             PARTITION_CHECK, name, "fail", measured, sorted(local), "node",
             f"{ROCR_VARIABLE}: " + "; ".join(parts) + "; gather facts again and re-plan",

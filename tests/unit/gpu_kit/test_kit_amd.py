@@ -14,7 +14,7 @@ import gpu_proof
 import proof_amd
 from kit_helpers import items
 
-MI300X = "synthetic-mi300x-cpx-nps4"
+MI300X = "synthetic-mi300x-cpx"
 A100 = "synthetic-2x6338-4xa100"
 
 
@@ -60,7 +60,10 @@ def test_mi300x_facts_match_rocminfo(fixture_root, kit_context):
     proof_amd.check_amd_facts(ctx, check)
     found = items(check)
     assert found["rocminfo lists the same GPU UUIDs"].status == gpu_proof.PASS
-    assert found["logical GPU UUIDs are distinct"].status == gpu_proof.PASS
+    assert found["GPU UUIDs are distinct"].status == gpu_proof.PASS
+    assert found["GPU UUIDs are distinct"].observed == 8
+    assert found["every logical GPU has a render node"].status == gpu_proof.PASS
+    assert len(set(uuids)) == 8  # the driver's: each GPU's logical GPUs share its unique_id
     assert found["0000:43:00.0: logical GPUs of CPX"].status == gpu_proof.PASS
     assert found["0000:03:00.0: logical GPUs of SPX"].observed == 1
     assert check.status == gpu_proof.PASS  # amdsmi missing here: that item is skipped
@@ -78,20 +81,32 @@ def test_a_logical_gpu_rocminfo_does_not_list_fails(fixture_root, kit_context):
     assert check.status == gpu_proof.FAIL
 
 
-def test_compare_flags_a_wrong_logical_gpu_count_and_duplicate_uuids():
-    entry = {
-        "address": "0000:43:00.0",
-        "vendor": "amd",
-        "node": 0,
-        "amd": {
-            "compute_partition": {"current": "QPX"},
-            "xcd_count": 8,
-            "logical_gpus": [{"uuid": "GPU-1"}, {"uuid": "GPU-1"}],
-        },
-    }
-    found = {name: ok for name, ok, *rest in proof_amd.compare({"gpus": [entry]}, None)}
+def test_compare_flags_a_wrong_logical_gpu_count_a_repeated_gpu_uuid_and_no_render_node():
+    def entry(bus, logical):
+        return {
+            "address": f"0000:{bus}:00.0",
+            "vendor": "amd",
+            "node": 0,
+            "amd": {
+                "uuid": "GPU-1",
+                "compute_partition": {"current": "QPX"},
+                "xcd_count": 8,
+                "logical_gpus": logical,
+            },
+        }
+
+    shared = [{"index": 0, "uuid": "GPU-1", "render_minor": 128}, {"index": 1, "uuid": "GPU-1"}]
+    gpus = [entry("43", shared), entry("63", shared[:1])]
+    found = {name: ok for name, ok, *rest in proof_amd.compare({"gpus": gpus}, None)}
     assert found["0000:43:00.0: logical GPUs of QPX"] is False
-    assert found["logical GPU UUIDs are distinct"] is False
+    assert found["GPU UUIDs are distinct"] is False
+    assert found["every logical GPU has a render node"] is False
+    # logical GPUs of one GPU sharing its UUID is what the driver does: no item fails for it
+    gpus[1]["amd"]["uuid"] = "GPU-2"
+    shared[1]["render_minor"] = 129
+    found = {name: ok for name, ok, *rest in proof_amd.compare({"gpus": gpus[:1]}, None)}
+    assert found["GPU UUIDs are distinct"] is True
+    assert found["every logical GPU has a render node"] is True
     assert "rocminfo lists the same GPU UUIDs" not in found
 
 

@@ -20,7 +20,7 @@ from kit_helpers import items
 STATIC = amd_output("amd-smi-static-4x-mi300a-spx-nps1.txt")
 PROCESS = amd_output("amd-smi-process-rocm6.2.json")
 ADDRESSES = ["0000:01:00.0", "0001:01:00.0", "0002:01:00.0", "0003:01:00.0"]
-MI300X = "synthetic-mi300x-cpx-nps4"
+MI300X = "synthetic-mi300x-cpx"
 
 
 def mi300a_facts() -> dict:

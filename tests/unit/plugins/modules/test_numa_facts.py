@@ -92,7 +92,7 @@ GPU_CASES = [
     ("synthetic-gh200", "synthetic-gh200"),
     ("synthetic-vm-gpu-numa-unknown", None),
     ("synthetic-vm-gpu-numa-unknown", "synthetic-vm-gpu-numa-unknown"),
-    ("synthetic-mi300x-cpx-nps4", None),
+    ("synthetic-mi300x-cpx", None),
     ("synthetic-epyc-nps4", "synthetic-2x6338-4xa100"),  # a snapshot of other GPUs: warnings
     ("nvidiagpunumanodes", None),
     ("qemu-2node-pxb", None),

@@ -16,7 +16,7 @@ from ansible_collections.numafleet.tuning.plugins.module_utils.numa import gpu, 
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.facts import read_numa_facts
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.sysfs import Reader
 
-MACHINES = ["qemu-2node-pxb", "synthetic-mi300x-cpx-nps4", "16em64t-4s2c2t-offlines"]
+MACHINES = ["qemu-2node-pxb", "synthetic-mi300x-cpx", "16em64t-4s2c2t-offlines"]
 
 
 def mutations(original: bytes):

@@ -427,7 +427,7 @@ def test_a30_profiles_and_instances_match_the_recorded_nvidia_smi_output():
 
 
 def test_mi300x_partitions_come_from_sysfs(tmp_path):
-    facts = facts_of("synthetic-mi300x-cpx-nps4", tmp_path, gpu.nvml_unavailable("no NVIDIA"))
+    facts = facts_of("synthetic-mi300x-cpx", tmp_path, gpu.nvml_unavailable("no NVIDIA"))
     assert [entry["vendor"] for entry in facts["gpus"]] == ["amd"] * 8
     for entry in facts["gpus"]:
         spx = entry["address"] in ("0000:03:00.0", "0000:23:00.0")
@@ -436,13 +436,15 @@ def test_mi300x_partitions_come_from_sysfs(tmp_path):
                 "current": "SPX" if spx else "CPX",
                 "available": ["SPX", "DPX", "QPX", "CPX"],
             },
-            "memory": {"current": "NPS1" if spx else "NPS4", "available": ["NPS1", "NPS4"]},
+            "memory": {"current": "NPS1", "available": ["NPS1", "NPS4"]},
         }
         assert entry["sources"]["partition"] == "sysfs"
-        # One logical GPU per SPX GPU, eight per CPX GPU, each with its own UUID and render node.
+        # One logical GPU per SPX GPU, eight per CPX GPU, each with its own render node; all
+        # carry the GPU's UUID (the driver's unique_id), and the xcp cards are no GPUs.
         logical = entry["amd"]["logical_gpus"]
         assert len(logical) == (1 if spx else 8)
-        assert len({item["uuid"] for item in logical}) == len(logical)
+        assert {item["uuid"] for item in logical} == {entry["uuid"]}
+        assert len({item["render_minor"] for item in logical}) == len(logical)
         assert entry["uuid"] == logical[0]["uuid"] and entry["uuid"].startswith("GPU-")
         assert [item["xcds"] for item in logical] == (
             [list(range(8))] if spx else [[index] for index in range(8)]

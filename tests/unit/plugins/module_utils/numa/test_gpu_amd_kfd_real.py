@@ -57,3 +57,10 @@ def test_this_driver_gives_all_partitions_of_a_gpu_one_unique_id(tmp_path):
     assert len(uuids) == 8
     # unique_id 16404946649897475633 as ROCr prints it
     assert gpu_amd.gpu_uuid(kfd[(0, 0x05 << 5)][0]["unique_id"]) == "GPU-e3aa140f9a5f9e31"
+
+
+def test_the_eight_gpus_are_one_xgmi_hive(tmp_path):
+    """Every GPU node carries the hive's KFD hive_id: one memory partition for all eight."""
+    kfd = gpu_amd.read_kfd_nodes(Reader(str(kfd_tree(tmp_path))))
+    hives = {n["hive_id"] for nodes in kfd.values() for n in nodes}
+    assert hives == {15188982192727901047}

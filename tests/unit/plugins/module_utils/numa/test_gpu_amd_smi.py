@@ -32,6 +32,7 @@ RECORD_KEYS = {
     "gpu_id",
     "unique_id",
     "uuid",
+    "hive_id",
     "drm_card",
     "render_minor",
     "vram_total_mib",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from amd_facts import logical_uuid, mi300x_host
+from amd_facts import HIVE, logical_uuid, mi300x_hive_host, mi300x_host
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from synthetic_hosts import synthetic, synthetic_gpu
@@ -199,6 +199,85 @@ def test_partition_on_a_gpu_declared_cpx_waits_for_its_logical_gpu():
     gpu = amd_gpu(result, "0000:03:00.0")
     assert gpu["owned_units"] == ["numafleet-s.service"]
     assert gpu["logical_gpus"][0] == {"index": 0, "uuid": None, "placement": "s"}
+
+
+# -- one XGMI hive, partitions sharing their GPU's UUID (as a real 8x MI300X shows them) ----------
+
+
+def test_partitions_sharing_a_uuid_are_selected_by_render_node():
+    numa, topology = mi300x_hive_host()
+    result = plan(
+        [p("llm70b", cpus=16, gpus=2, memory="128G"), *small(2, node=1)], topology=topology
+    )
+    entries = by_name(result)
+    # whole SPX GPUs: their UUIDs name one logical GPU each
+    assert entries["llm70b"]["environment"] == {
+        "ROCR_VISIBLE_DEVICES": f"{logical_uuid(0x03, 0)},{logical_uuid(0x23, 0)}"
+    }
+    assert "device_allow" not in entries["llm70b"]
+    # CPX logical GPUs of 83:00.0 share its UUID: ROCr would select none of them by it
+    for index in (0, 1):
+        entry = entries[f"small-{index}"]
+        minor = entry["gpus"][0]["partition"]["render_minor"]
+        assert minor == 128 + 8 * (0x83 >> 5) + index
+        assert entry["device_allow"] == ["/dev/kfd", f"/dev/dri/renderD{minor}"]
+        assert "ROCR_VISIBLE_DEVICES" not in entry["environment"]
+        assert entry["warnings"] == []
+    text = units.render_files(result)["/etc/systemd/system/numafleet-small-0.service"]
+    assert "DevicePolicy=closed\n" in text
+    assert "DeviceAllow=/dev/kfd rw\nDeviceAllow=/dev/dri/renderD160 rw\n" in text
+    assert "ROCR_VISIBLE_DEVICES" not in text
+
+
+def test_a_drop_in_selected_by_render_node_resets_the_vendor_device_list():
+    numa, topology = mi300x_hive_host()
+    entry = p("s", partition="cpx", node=0, unit="vllm.service")
+    del entry["exec"], entry["user"]
+    result = plan([entry], topology=topology)
+    files = units.render_files(result)
+    (text,) = [
+        text
+        for path, text in files.items()
+        if path.startswith("/etc/systemd/system/vllm.service.d/")
+    ]
+    assert "DevicePolicy=closed\nDeviceAllow=\nDeviceAllow=/dev/kfd rw\n" in text
+
+
+def test_a_memory_partition_change_of_one_gpu_of_a_hive_is_refused():
+    numa, topology = mi300x_hive_host()
+    message = _refused(
+        r"numafleet_gpu_partitions\[0\]\.memory_partition: NPS4 on GPU 0000:e3:00.0 changes "
+        f"the memory partition of XGMI hive {HIVE}",
+        partitions=[{"gpu": "0000:e3:00.0", "memory_partition": "NPS4"}],
+        topology=topology,
+    )
+    assert "0000:03:00.0 NPS1" in message and "0000:c3:00.0 NPS1" in message
+    assert "declare memory_partition: NPS4 for every GPU of the hive" in message
+
+
+def test_a_memory_partition_change_of_the_whole_hive_is_planned_with_a_reset():
+    numa, topology = mi300x_hive_host()
+    declared = [
+        {"gpu": g["address"], "compute_partition": "CPX", "memory_partition": "NPS4"}
+        for g in topology["gpus"]
+    ]
+    result = plan([], declared, topology=topology)
+    assert {g["memory_partition"]["planned"] for g in result["amd_partitions"]} == {"NPS4"}
+    assert all(g["reset_required"] for g in result["amd_partitions"])
+
+
+def test_a_compute_partition_change_in_a_hive_changes_that_gpu_only():
+    numa, topology = mi300x_hive_host()
+    result = plan([], [{"gpu": "0000:e3:00.0", "compute_partition": "SPX"}], topology=topology)
+    changed = [g["address"] for g in result["amd_partitions"] if g["change"]]
+    assert changed == ["0000:e3:00.0"]
+    assert not amd_gpu(result, "0000:e3:00.0")["reset_required"]
+
+
+def test_gpus_in_no_hive_change_their_memory_partition_alone():
+    # mi300x_host's GPUs carry no hive_id: e3 alone may go to NPS1 (and SPX)
+    declared = [{"gpu": "0000:e3:00.0", "compute_partition": "SPX", "memory_partition": "NPS1"}]
+    assert amd_gpu(plan([], declared), "0000:e3:00.0")["reset_required"]
 
 
 # -- refusals ------------------------------------------------------------------------------------
@@ -416,7 +495,7 @@ def test_waiting_line_names_the_logical_gpu():
 def test_demo_host_vars_of_mi300x_01_plan_on_the_hand_written_facts():
     demo = Path(__file__).resolve().parents[5] / "inventories/demo/host_vars/mi300x-01.yml"
     host_vars = yaml.safe_load(demo.read_text(encoding="utf-8"))
-    numa, topology = mi300x_host()
+    numa, topology = mi300x_hive_host()
     numa = synthetic(cpus_per_node=(96, 96), mem_gb=(1024, 1024))
     result = plan_host(
         HOST,
@@ -435,6 +514,7 @@ def test_demo_host_vars_of_mi300x_01_plan_on_the_hand_written_facts():
         assert gpu["address"] == ("0000:43:00.0" if number < 8 else "0000:83:00.0")
         assert gpu["partition"]["index"] == number % 8
         assert entry["node"] == gpu["node"] == (0 if number < 8 else 1)
+        assert entry["device_allow"][1] == f"/dev/dri/renderD{gpu['partition']['render_minor']}"
     changes = {g["address"]: g["reset_required"] for g in result["amd_partitions"] if g["change"]}
-    assert changes == {"0000:e3:00.0": True}
+    assert changes == {"0000:e3:00.0": False}
     assert result["warnings"] == []

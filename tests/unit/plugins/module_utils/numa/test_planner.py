@@ -26,7 +26,7 @@ from ansible_collections.numafleet.tuning.plugins.module_utils.numa.sysfs import
 
 SYSFS = Path(__file__).resolve().parents[3] / "fixtures" / "sysfs"
 A100, H100, NPS4 = "synthetic-2x6338-4xa100", "synthetic-8xh100-2s", "synthetic-epyc-nps4"
-VM, GH200, MI300X = "synthetic-vm-gpu-numa-unknown", "synthetic-gh200", "synthetic-mi300x-cpx-nps4"
+VM, GH200, MI300X = "synthetic-vm-gpu-numa-unknown", "synthetic-gh200", "synthetic-mi300x-cpx"
 POLICY = {"reserved_cpus": "", "memory_headroom_pct": 15}
 
 
