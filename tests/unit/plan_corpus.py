@@ -54,6 +54,7 @@ CAPTURE_TESTS = (
     "plugins/module_utils/numa/test_limits.py",
     "plugins/module_utils/numa/test_changes.py",
     "plugins/module_utils/numa/test_mps.py",
+    "plugins/module_utils/numa/test_plan_amd.py",  # AMD Instinct partitions (issue 24)
     "plugins/module_utils/numa/test_verify_layers.py",
     "plugins/action/test_numa_plan.py",
     "plugins/action/test_host_apply.py",
