@@ -13,7 +13,7 @@ from .cpulist import format_cpulist
 from .errors import PlacementError, PlanError
 from .placements import HEADROOM_VAR, HUGEPAGES_EXTRA_VAR, RESERVED_VAR, format_kb
 from .plan_common import counted
-from .plan_gpu import Slot, choose_gpus
+from .plan_gpu import Slot, choose_gpus, one_vendor
 from .plan_gpu_amd import partitioned
 from .plan_gpu_partitions import pending_refusal
 
@@ -324,13 +324,15 @@ class CpuMemoryFit:
             order = sorted(state.cpu_nodes, key=lambda other, b=best: (state.dist[b][other], other))
             fit = Fit()
             cpus_left, gpus_left = p.cpu_count, need_gpus
+            vendor = None  # the GPUs of a placement are of one vendor
             for nid in order:
                 if cpus_left <= 0 and gpus_left <= 0:
                     break
                 take_gpus = []
                 if gpus_left > 0:
-                    pool = state.free_whole.get(nid, [])
+                    pool = one_vendor(state.free_whole.get(nid, []), vendor)
                     take_gpus = choose_gpus(pool, min(len(pool), gpus_left)) or []
+                    vendor = take_gpus[0].vendor if take_gpus else vendor
                 take_cpus = min(cpus_left, state.free_cpus[nid])
                 if not take_gpus and take_cpus <= 0:
                     continue
@@ -341,7 +343,7 @@ class CpuMemoryFit:
                 fit.groups[nid] = groups
                 cpus_left -= sum(len(g) for g in state.free_groups[nid][:groups])
             if cpus_left > 0 or gpus_left > 0:
-                return None
+                continue  # another first node may pick another vendor's GPUs
             mem = state.mem_for(best, p.memory_kb, hp_kb, hp_size)
             if mem is None:
                 mem = next(
@@ -367,14 +369,20 @@ class CpuMemoryFit:
 
     def _infeasible(self, p, nodes: list, listed: list, spanned: bool) -> PlanError:
         state = self.state
+        # whole GPUs a placement can get together: those of one vendor
         if spanned:  # nodes were tried together: what is short is short on the whole host
             on = f" from NUMA {self._pin(p)[1]}" if p.node is not None else ""
-            gpu_free = sum(len(state.free_whole.get(n, ())) for n in state.cpu_nodes)
+            seen = [g for n in state.cpu_nodes for g in state.free_whole.get(n, ())]
+            gpu_free = len(one_vendor(seen, None))
             cpu_free = sum(state.free_cpus.get(n, 0) for n in state.cpu_nodes)
         else:
             on = f" on NUMA {self._pin(p)[1]}" if p.node is not None else " on one NUMA node"
-            gpu_free = max((len(state.free_whole.get(n, ())) for n in nodes), default=0)
+            seen = [g for n in nodes for g in state.free_whole.get(n, ())]
+            gpu_free = max(
+                (len(one_vendor(state.free_whole.get(n, []), None)) for n in nodes), default=0
+            )
             cpu_free = max((state.free_cpus.get(n, 0) for n in nodes), default=0)
+        vendors = sorted({str(g.vendor) for g in seen})
         hp_kb = p.hugepages.size_kb * p.hugepages.count if p.hugepages else 0
         if p.mig_profile is not None:
             need = f"needs a free {p.mig_profile} MIG slot and {counted(p.cpu_count, 'CPU')}{on}"
@@ -456,6 +464,8 @@ class CpuMemoryFit:
             need = f"needs {counted(p.gpu_count, 'GPU')}{on}"
             if spanned:
                 need = f"needs {counted(p.gpu_count, 'GPU')} and {counted(p.cpu_count, 'CPU')}{on}"
+            if len(vendors) > 1:
+                need += f" of one vendor (the free GPUs are {' and '.join(vendors)})"
             fix = "Lower gpus, set allow_span: true, or remove another placement."
         elif p.mps is not None:
             need = f"needs a GPU for MPS and {counted(p.cpu_count, 'CPU')}{on}"

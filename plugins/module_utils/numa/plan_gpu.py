@@ -198,12 +198,36 @@ class Gpu:
         return self.mps_pinned_kb + pinned_kb <= self.memory_mib * 1024
 
 
+def one_vendor(pool: list, vendor: Optional[str]) -> list:
+    """The GPUs of pool of ``vendor``; with None, those of the vendor with the most GPUs in pool
+    (the lowest address first on a tie); pool itself when it holds one vendor."""
+    groups: dict = {}
+    for gpu in pool:
+        groups.setdefault(gpu.vendor, []).append(gpu)
+    if vendor is not None:
+        return groups.get(vendor, [])
+    if len(groups) <= 1:
+        return pool
+    return max(groups.values(), key=lambda group: (len(group), [-ord(c) for c in group[0].address]))
+
+
 def choose_gpus(pool: list, count: int) -> Optional[list]:
-    """count GPUs of pool (sorted by address): one switch, else NVLink-connected, else lowest."""
+    """count GPUs of pool (sorted by address), all of one vendor (a program drives GPUs of one
+    vendor: CUDA or ROCm): one switch, else NVLink-connected, else lowest; None when no vendor
+    has count GPUs in pool."""
     if len(pool) < count:
         return None
     if count == 0:
         return []
+    vendors: dict = {}
+    for gpu in pool:
+        vendors.setdefault(gpu.vendor, []).append(gpu)
+    if len(vendors) > 1:
+        for group in vendors.values():  # the vendor of the lowest address first
+            chosen = choose_gpus(group, count)
+            if chosen is not None:
+                return chosen
+        return None
     switches: dict = {}
     for gpu in pool:
         switches.setdefault(gpu.switch or gpu.address, []).append(gpu)

@@ -283,7 +283,12 @@ class GpuChoice:
         if len(known) + len(state.free_unknown) < p.gpu_count:
             return None
         chosen = choose_gpus(known, min(len(known), p.gpu_count)) or []
-        return chosen + state.free_unknown[: p.gpu_count - len(chosen)], None
+        chosen = chosen + state.free_unknown[: p.gpu_count - len(chosen)]
+        if len(chosen) < p.gpu_count or len({g.vendor for g in chosen}) > 1:
+            # one vendor's GPUs, those of known locality first
+            chosen = choose_gpus(known + state.free_unknown, p.gpu_count)
+            return None if chosen is None else (chosen, None)
+        return chosen, None
 
     def _near_out(self, p) -> Optional[dict]:
         """The plan's near entry of p: the PCI device it is anchored on, or None."""

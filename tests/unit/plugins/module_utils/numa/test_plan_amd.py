@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from amd_facts import HIVE, logical_uuid, mi300x_hive_host, mi300x_host
+from amd_facts import HIVE, logical_uuid, mi300x, mi300x_hive_host, mi300x_host
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from synthetic_hosts import synthetic, synthetic_gpu
@@ -153,6 +153,27 @@ def test_nvidia_entries_get_no_partition_key_beside_amd_ones():
     (gpu,) = by_name(result)["cuda"]["gpus"]
     assert "partition" not in gpu
     assert by_name(result)["cuda"]["environment"]["CUDA_VISIBLE_DEVICES"] == gpu["uuid"]
+
+
+def test_gpus_count_takes_gpus_of_one_vendor_only():
+    numa = synthetic(cpus_per_node=(64, 64), mem_gb=(1024, 1024))
+    mixed = {"gpus": [mi300x(0x03, 0), synthetic_gpu("0000:13:00.0", 0)]}
+    # one AMD and one NVIDIA GPU on node 0: no program drives both as 2 GPUs
+    vendor = r"needs 2 GPUs on NUMA node 0 of one vendor \(the free GPUs are amd and nvidia\)"
+    with pytest.raises(PlanError, match=vendor):
+        plan_host("h", numa, mixed, [p("tp2", gpus=2, node=0)], [], POLICY)
+    # spanning nodes takes the two NVIDIA GPUs (one per node), never the AMD one
+    mixed["gpus"].append(synthetic_gpu("0000:93:00.0", 1))
+    result = plan_host("h", numa, mixed, [p("tp2", gpus=2, allow_span=True)], [], POLICY)
+    spanned = by_name(result)["tp2"]
+    assert [g["address"] for g in spanned["gpus"]] == ["0000:13:00.0", "0000:93:00.0"]
+    assert spanned["spans"] is True
+    mixed["gpus"].pop()
+    mixed["gpus"].append(mi300x(0x23, 0))
+    result = plan_host("h", numa, mixed, [p("tp2", gpus=2, node=0)], [], POLICY)
+    entry = by_name(result)["tp2"]
+    assert [g["address"] for g in entry["gpus"]] == ["0000:03:00.0", "0000:23:00.0"]
+    assert "CUDA_VISIBLE_DEVICES" not in entry["environment"]
 
 
 # -- declared partitions -------------------------------------------------------------------------
