@@ -33,7 +33,7 @@ writes ``<unit>.d/50-<Property>.conf`` there), /run/systemd/transient,
   settings (NUMAPolicy=, Slice=, MemoryMax=, User=...) - the last assignment wins, an empty one
   resets to the default; CPUAffinity=, NUMAMask=, AllowedCPUs=, AllowedMemoryNodes= -
   assignments are merged (union), an empty assignment resets; ExecStart= and the other Exec
-  lines - a list, an empty assignment resets; dependencies (After=, Requires=...) accumulate and
+  lines and DeviceAllow= - a list, an empty assignment resets; dependencies (After=, Requires=...) accumulate and
   are in effect when every planned unit is listed; Environment= - words accumulate, a later
   assignment of a variable overrides an earlier one, an empty assignment resets the list.
   EnvironmentFile= (a list, empty resets; ``-`` before the path: a missing file is ignored) is
@@ -120,6 +120,12 @@ DEPENDENCIES = (
     "OnFailure",
     "OnSuccess",
 )
+# Device access (systemd.resource-control(5)): every assignment adds a device, an empty one
+# resets. In effect when every planned entry is allowed and no other DRM device: one more render
+# node (or char-drm, every one) shows the unit more GPUs; another device (an RDMA adapter) is
+# the user's to add.
+DEVICE_LISTS = ("DeviceAllow",)
+_DRM_DEVICES = ("/dev/dri/", "char-drm")
 # Read into the environment (systemd.exec(5)); lists, an empty assignment resets.
 ENV_LISTS = ("EnvironmentFile", "UnsetEnvironment")
 # The property of a foreign_overrides entry for a file systemd reads but numafleet could not.
@@ -427,7 +433,7 @@ def merge(
                 else:
                     env_lists[key] += [(word, path) for word in split_words(value)]
                 continue
-            if key in SETS or key in EXEC_LISTS or key in DEPENDENCIES:
+            if key in SETS or key in EXEC_LISTS or key in DEPENDENCIES or key in DEVICE_LISTS:
                 items, dummy = lists.get(key, ([], None))
                 if not value and key not in DEPENDENCIES:
                     lists[key] = ([], path)
@@ -802,11 +808,20 @@ def planned_properties(unit: str, own_texts: list) -> dict:
     return {prop: merged[prop][0] for prop in merged if prop in assigned}
 
 
+def _device_entries(value: Optional[str]) -> set:
+    return {item.strip() for item in (value or "").split(" ; ") if item.strip()}
+
+
 def in_effect(prop: str, planned: Optional[str], effective_value: Optional[str]) -> bool:
     """Whether the effective value is the planned one; a dependency when it lists every planned
-    unit (more are harmless)."""
+    unit (more are harmless); DeviceAllow when it allows every planned device and no other DRM
+    device."""
     if prop in DEPENDENCIES:
         return set((planned or "").split()) <= set((effective_value or "").split())
+    if prop in DEVICE_LISTS:
+        want, have = _device_entries(planned), _device_entries(effective_value)
+        wider = [entry for entry in have - want if entry.startswith(_DRM_DEVICES)]
+        return want <= have and not wider
     return planned == effective_value
 
 

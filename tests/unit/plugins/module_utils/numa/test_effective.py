@@ -676,3 +676,52 @@ def test_raw_bytes_of_a_foreign_dropin_are_shown_escaped(tmp_path):
     message = item.message("h")
     assert "\x00" not in message and "\ufffd" not in message
     assert "NUMAPolicy is \\xff\\xfe\\x00default" in message
+
+
+RENDER_NODE_SERVICE = SERVICE + (
+    "DevicePolicy=closed\nDeviceAllow=/dev/kfd rw\nDeviceAllow=/dev/dri/renderD160 rw\n"
+)
+
+
+def test_device_allow_is_compared_as_the_gpus_the_unit_may_open(tmp_path):
+    own = {OURS: RENDER_NODE_SERVICE}
+    put(tmp_path, OURS, RENDER_NODE_SERVICE)
+    entry, foreign = props(tmp_path, own)
+    assert foreign == {}
+    assert entry["properties"]["DeviceAllow"]["effective"] == (
+        "/dev/kfd rw ; /dev/dri/renderD160 rw"
+    )
+    assert entry["properties"]["DevicePolicy"]["ok"] is True
+    # the user's own drop-in adding an RDMA adapter: not a GPU, in effect
+    put(
+        tmp_path,
+        f"{ETC}/{UNIT}.d/zz-rdma.conf",
+        "[Service]\nDeviceAllow=/dev/infiniband/uverbs0 rw\n",
+    )
+    entry, foreign = props(tmp_path, own)
+    assert foreign == {} and entry["properties"]["DeviceAllow"]["ok"] is True
+
+
+@pytest.mark.parametrize(
+    "dropin",
+    [
+        "[Service]\nDeviceAllow=/dev/dri/renderD161 rw\n",  # another logical GPU
+        "[Service]\nDeviceAllow=char-drm rw\n",  # every DRM device
+        "[Service]\nDeviceAllow=\nDeviceAllow=/dev/kfd rw\n",  # its render node removed
+    ],
+)
+def test_device_allow_widened_or_cut_is_a_foreign_override(tmp_path, dropin):
+    own = {OURS: RENDER_NODE_SERVICE}
+    put(tmp_path, OURS, RENDER_NODE_SERVICE)
+    put(tmp_path, f"{ETC}/{UNIT}.d/zz-vendor.conf", dropin)
+    dummy, foreign = props(tmp_path, own)
+    assert set(foreign) == {"DeviceAllow"}
+    assert foreign["DeviceAllow"].source.endswith("zz-vendor.conf")
+
+
+def test_device_policy_reopened_is_a_foreign_override(tmp_path):
+    own = {OURS: RENDER_NODE_SERVICE}
+    put(tmp_path, OURS, RENDER_NODE_SERVICE)
+    put(tmp_path, f"{ETC}/{UNIT}.d/zz-vendor.conf", "[Service]\nDevicePolicy=auto\n")
+    dummy, foreign = props(tmp_path, own)
+    assert set(foreign) == {"DevicePolicy"}
