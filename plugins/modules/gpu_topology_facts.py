@@ -403,7 +403,7 @@ ansible_facts:
                   C(render_minor) (the plan then selects them by render node).
                 - C(hive_id) is the KFD C(hive_id) of the GPU's XGMI hive in hex, V(null) when the
                   GPU is in none; the GPUs of one hive share their memory partition.
-                - C(source) is V(sysfs), V(amdsmi) (the library enriched it), V(amd-smi) or V(snapshot).
+                - C(source) is V(sysfs), V(amdsmi) (the library enriched it) or V(snapshot).
               type: dict
               sample:
                 model: AMD Instinct MI300X
