@@ -356,6 +356,15 @@ def make_module(gpus, *, init_error: Optional[int] = None, version: str = "25.3.
             "memory_partition",
         )
 
+    @api
+    def amdsmi_gpu_driver_reload():
+        # amdsmi_gpu_driver_reload(void) (amdsmi.h, driver control): reloads amdgpu, which
+        # resets every AMD GPU; the driver cannot unload while a process uses any of them.
+        if not state["init"]:
+            raise AmdSmiLibraryException(AmdSmiRetCode.NOT_INIT)
+        if any(g.processes for g in gpus):
+            raise AmdSmiLibraryException(AmdSmiRetCode.BUSY)
+
     mod.amdsmi_set_gpu_memory_partition_mode = mod.amdsmi_set_gpu_memory_partition
     return mod
 

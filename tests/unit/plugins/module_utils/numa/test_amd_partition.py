@@ -10,7 +10,6 @@ runner standing in for amd-smi and systemctl, all injected.
 
 from __future__ import annotations
 
-import enum
 import json
 import os
 
@@ -18,6 +17,7 @@ import pytest
 
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa import amd_partition as amd
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa import mig_holders
+from tests.unit import fake_amdsmi as fake
 
 A, B = "0000:43:00.0", "0000:c3:00.0"
 MINORS = {A: (128, 129, 130, 131, 132, 133, 134, 135), B: (136,)}
@@ -92,58 +92,13 @@ def which(name):
     return f"/usr/bin/{name}"
 
 
-class FakeAmdsmi:
-    """A small amdsmi: the calls the layer uses, with the library's names and exception."""
-
-    class AmdSmiException(Exception):
-        pass
-
-    class AmdSmiLibraryException(AmdSmiException):
-        pass
-
-    AmdSmiComputePartitionType = enum.Enum(
-        "AmdSmiComputePartitionType", ["SPX", "DPX", "TPX", "QPX", "CPX"]
-    )
-    AmdSmiMemoryPartitionType = enum.Enum("AmdSmiMemoryPartitionType", ["NPS1", "NPS2", "NPS4"])
-
-    def __init__(self, sys_root, refuse=False):
-        self.sys_root, self.refuse, self.calls = sys_root, refuse, []
-
-    def amdsmi_init(self, *args):
-        self.calls.append("init")
-
-    def amdsmi_shut_down(self):
-        self.calls.append("shut_down")
-
-    def amdsmi_get_processor_handles(self):
-        return [A, B]
-
-    def amdsmi_get_gpu_device_bdf(self, handle):
-        return handle
-
-    def _file(self, handle, kind):
-        return os.path.join(self.sys_root, "bus/pci/devices", handle, f"current_{kind}_partition")
-
-    def amdsmi_get_gpu_compute_partition(self, handle):
-        with open(self._file(handle, "compute")) as f:
-            return f.read().strip()
-
-    def amdsmi_get_gpu_memory_partition(self, handle):
-        with open(self._file(handle, "memory")) as f:
-            return f.read().strip()
-
-    def amdsmi_set_gpu_compute_partition(self, handle, value):
-        self.calls.append(("compute", handle, value.name))
-        if self.refuse:
-            raise self.AmdSmiLibraryException("Error code:\n\t30 | AMDSMI_STATUS_BUSY")
-        _write(self._file(handle, "compute"), value.name + "\n")
-
-    def amdsmi_set_gpu_memory_partition(self, handle, value):
-        self.calls.append(("memory", handle, value.name))
-        _write(self._file(handle, "memory"), value.name + "\n")
-
-    def amdsmi_gpu_driver_reload(self):
-        self.calls.append("reload")
+def amdsmi_module(sys_root):
+    """fake_amdsmi over GPUs A and B, in the modes the sysfs tree under ``sys_root`` shows."""
+    gpus = [g for g in fake.mi300x_gpus() if g.bdf in (A, B)]
+    for gpu in gpus:
+        gpu.compute_partition = current(sys_root, gpu.bdf, "compute")
+        gpu.memory_partition = current(sys_root, gpu.bdf, "memory")
+    return fake.make_module(gpus)
 
 
 def entry(address, compute=None, memory=None, now=("SPX", "NPS1"), units=()):
@@ -403,32 +358,40 @@ def test_memory_change_with_reset_ok_reloads_once_and_needs_every_gpu_idle(tmp_p
 
 def test_amdsmi_backend_sets_and_reloads_through_the_library(tmp_path):
     sys_root, proc_root = make_tree(tmp_path)
-    lib = FakeAmdsmi(sys_root)
+    lib = amdsmi_module(sys_root)
     p = params(
         tmp_path,
         sys_root,
         proc_root,
-        [entry(B, compute="CPX", memory="NPS4")],
+        # CPX/NPS4 -> SPX/NPS1: memory first is allowed with CPX (fake_amdsmi refuses NPS4
+        # while SPX, so the opposite direction through amdsmi is not shown here)
+        [entry(A, compute="SPX", memory="NPS1", now=("CPX", "NPS4"))],
         reset_ok=True,
         backend="auto",
     )
     got = amd.run(p, False, Runner(), which, lambda: lib)
-    assert [c for c in lib.calls if c not in ("init", "shut_down")] == [
-        ("memory", B, "NPS4"),
-        "reload",
-        ("compute", B, "CPX"),
+    assert [c for c in lib.calls if c.startswith(("amdsmi_set", "amdsmi_gpu_driver"))] == [
+        "amdsmi_set_gpu_memory_partition",
+        "amdsmi_gpu_driver_reload",
+        "amdsmi_set_gpu_compute_partition",
     ]
-    assert lib.calls[-1] == "shut_down"
+    assert lib.calls[0] == "amdsmi_init" and lib.calls[-1] == "amdsmi_shut_down"
+    (gpu,) = [g for g in lib.gpus if g.bdf == A]
+    assert (gpu.compute_partition, gpu.memory_partition) == ("SPX", "NPS1")
     assert got["ran"] == [
-        f"amdsmi_set_gpu_memory_partition({B}, NPS4)",
+        f"amdsmi_set_gpu_memory_partition({A}, NPS1)",
         "amdsmi_gpu_driver_reload()",
-        f"amdsmi_set_gpu_compute_partition({B}, CPX)",
+        f"amdsmi_set_gpu_compute_partition({A}, SPX)",
     ]
 
 
 def test_amdsmi_refusal_is_reported(tmp_path):
     sys_root, proc_root = make_tree(tmp_path)
-    lib = FakeAmdsmi(sys_root, refuse=True)
+    lib = amdsmi_module(sys_root)
+    # a process the driver counts but procfs does not show: the library answers BUSY
+    for gpu in lib.gpus:
+        if gpu.bdf == B:
+            gpu.processes.append({"name": "python3", "pid": 4242})
     p = params(tmp_path, sys_root, proc_root, [entry(B, compute="CPX")], backend="amdsmi")
     with pytest.raises(amd.AmdPartitionError) as err:
         amd.run(p, False, Runner(), which, lambda: lib)
