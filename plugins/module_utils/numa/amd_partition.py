@@ -56,7 +56,7 @@ from typing import Callable, Optional
 
 from .errors import NumaTuneError
 from .gpu_amd import MI300_COMPATIBLE
-from .mig_holders import open_devices, process_ids, read_comm
+from .mig_holders import KIND_PROCESS, Holder, open_devices, process_ids, read_comm
 
 COMPUTE_MODES = ("SPX", "DPX", "TPX", "QPX", "CPX")
 MEMORY_MODES = ("NPS1", "NPS2", "NPS4", "NPS8")
@@ -161,40 +161,10 @@ def read_dri_nodes(sysfs_root: str) -> dict:
     return {address: sorted(paths) for address, paths in nodes.items()}
 
 
-@dataclass(frozen=True)
-class Holder:
-    """A process with /dev/kfd or a GPU's DRM node open. ``gpus`` () means every AMD GPU
-    (/dev/kfd); ``unit`` is its systemd service (None when in none)."""
-
-    pid: int
-    comm: Optional[str]
-    unit: Optional[str]
-    devices: tuple
-    gpus: tuple
-
-    def holds(self, address: str) -> bool:
-        """Whether it holds GPU ``address`` (or every AMD GPU)."""
-        return not self.gpus or address in self.gpus
-
-    def text(self) -> str:
-        """'pid 4242 (python3, team-a.service: /dev/kfd, /dev/dri/renderD128)'."""
-        where = self.unit or "not in a systemd service"
-        return f"pid {self.pid} ({self.comm or '?'}, {where}: {', '.join(self.devices)})"
-
-    def as_dict(self) -> dict:
-        """{pid, comm, unit, devices, gpus}, JSON-ready."""
-        return {
-            "pid": self.pid,
-            "comm": self.comm,
-            "unit": self.unit,
-            "devices": list(self.devices),
-            "gpus": list(self.gpus),
-        }
-
-
 def read_amd_holders(procfs_root: str, sysfs_root: str, exclude_pids=()) -> list:
-    """Every process holding an AMD GPU (Holder), by pid; never raises. /dev/kfd holds every
-    AMD GPU; a DRM node holds the GPU read_dri_nodes maps it to (other DRM nodes: not AMD)."""
+    """Every process holding an AMD GPU (mig_holders.Holder, kind process), by pid; never
+    raises. /dev/kfd holds every AMD GPU (``gpus`` ()); a DRM node holds the GPU read_dri_nodes
+    maps it to (other DRM nodes: not AMD)."""
     from .mig_holders import read_pid_unit
 
     owners = {}
@@ -213,6 +183,7 @@ def read_amd_holders(procfs_root: str, sysfs_root: str, exclude_pids=()) -> list
             gpus.update(owners.get(device, ()))
         holders.append(
             Holder(
+                KIND_PROCESS,
                 pid,
                 read_comm(procfs_root, pid),
                 read_pid_unit(procfs_root, pid),
@@ -859,7 +830,8 @@ def _converge(
         "changed": bool(todo),
         "gpus": gpus,
         "reset_required": bool(deferred),
-        "busy": [h.as_dict() for h in busy],
+        # RV(busy) of the amd module has no kind: every AMD holder is a process
+        "busy": [{k: v for k, v in h.as_dict().items() if k != "kind"} for h in busy],
         "stopped_units": [] if check_mode else stop_units,
         "ran": ran,
         "would_run": would_run if (check_mode or render) else [],

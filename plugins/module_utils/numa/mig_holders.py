@@ -40,9 +40,10 @@ _DELETED = " (deleted)"
 
 @dataclass(frozen=True)
 class Holder:
-    """One holder of NVIDIA GPUs.
+    """One holder of GPUs: NVIDIA ones (read_holders) or AMD ones (amd_partition.read_amd_holders).
 
-    ``kind``: ``process`` (a /dev/nvidia* file open), ``daemon`` (DAEMONS) or ``module``
+    ``kind``: ``process`` (a GPU device file open: /dev/nvidia*, or /dev/kfd and /dev/dri/* for
+    AMD), ``daemon`` (DAEMONS) or ``module``
     (nvidia_drm). ``pid``/``comm``/``unit`` are None for the module (``unit`` also when the
     process is in no systemd service). ``devices``: the /dev paths it has open, sorted.
     ``gpus``: the PCI addresses it holds; () means every GPU.
@@ -60,7 +61,8 @@ class Holder:
         return not self.gpus or address in self.gpus
 
     def text(self) -> str:
-        """'pid 4242 (python3, team-a.service: /dev/nvidia0, /dev/nvidiactl)' and the like."""
+        """'pid 4242 (python3, team-a.service: /dev/nvidia0, /dev/nvidiactl)' and the like
+        (AMD: 'pid 4242 (python3, team-a.service: /dev/dri/renderD128, /dev/kfd)')."""
         if self.kind == KIND_MODULE:
             return "the nvidia_drm kernel module (a display or DRM client may hold the GPU)"
         where = self.unit or "not in a systemd service"
