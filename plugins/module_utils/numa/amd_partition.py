@@ -52,7 +52,7 @@ import json
 import os
 import posixpath
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 from .errors import NumaTuneError
 from .gpu_amd import MI300_COMPATIBLE
@@ -667,9 +667,7 @@ def run(params: dict, check_mode: bool, runner, which, load_amdsmi, exclude_pids
     try:
         if backend is not None:
             changes = plan_changes(gpus, backend)
-        result = _converge(
-            changes,
-            backend,
+        context = RunContext(
             params,
             check_mode,
             render,
@@ -678,9 +676,10 @@ def run(params: dict, check_mode: bool, runner, which, load_amdsmi, exclude_pids
             which,
             procfs_root,
             sysfs_root,
-            exclude_pids,
+            tuple(exclude_pids),
             warnings,
         )
+        result = _converge(changes, backend, context)
     finally:
         close = getattr(backend, "close", None)
         if close is not None:
@@ -720,27 +719,35 @@ def run(params: dict, check_mode: bool, runner, which, load_amdsmi, exclude_pids
     return result
 
 
-def _converge(
-    changes,
-    backend,
-    params,
-    check_mode,
-    render,
-    reset_ok,
-    runner,
-    which,
-    procfs_root,
-    sysfs_root,
-    exclude_pids,
-    warnings,
-) -> dict:
+class RunContext(NamedTuple):
+    """What one run of the layer works with besides the changes and the backend: the module's
+    ``params``, its mode (``check_mode``; ``render``: service_manager none), ``reset_ok``, the
+    injected ``runner(argv) -> (rc, out, err)`` and ``which(name) -> path or None``, the roots
+    the holders are read from, the PIDs that are not holders, and ``warnings`` (a list the run
+    appends to)."""
+
+    params: dict
+    check_mode: bool
+    render: bool
+    reset_ok: bool
+    runner: Callable
+    which: Optional[Callable]
+    procfs_root: str
+    sysfs_root: str
+    exclude_pids: tuple
+    warnings: list
+
+
+def _converge(changes, backend, context: RunContext) -> dict:
     """Check holders, then predict (check mode) or apply, re-read and check; the result dict."""
+    params, check_mode, render = context.params, context.check_mode, context.render
+    runner, which, warnings = context.runner, context.which, context.warnings
     owned = set(params.get("owned_units") or ())
     for change in changes:
         owned.update(change.owned_units)
     memory = [c for c in changes if c.memory_change]
     deferred = set()
-    if memory and not reset_ok:
+    if memory and not context.reset_ok:
         for c in memory:
             deferred.add(c.address)
         warnings.append(
@@ -756,7 +763,11 @@ def _converge(
         c for c in changes if (c.compute_change or c.memory_change) and c.address not in deferred
     ]
     reload = any(c.memory_change for c in todo)
-    holders = read_amd_holders(procfs_root, sysfs_root, exclude_pids) if todo else []
+    holders = (
+        read_amd_holders(context.procfs_root, context.sysfs_root, context.exclude_pids)
+        if todo
+        else []
+    )
     addresses = {c.address for c in todo}
     what = {
         c.address: "a memory partition change (amdgpu reload)"

@@ -303,16 +303,9 @@ def test_read_back_mismatch_is_reported(tmp_path):
         amd._converge(
             changes,
             Stubborn(sys_root),
-            backend_params,
-            False,
-            False,
-            False,
-            Runner(),
-            which,
-            proc_root,
-            sys_root,
-            (),
-            [],
+            amd.RunContext(
+                backend_params, False, False, False, Runner(), which, proc_root, sys_root, (), []
+            ),
         )
     assert (
         f"GPU {B}: after the change the GPU shows compute SPX, memory NPS1, not CPX, NPS1"
