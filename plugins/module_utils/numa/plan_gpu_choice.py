@@ -330,14 +330,7 @@ class GpuChoice:
                 environment["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = (
                     f"0={max(mps_out['pinned_memory_limit_kb'] // 1024, 1)}M"
                 )
-        unknown = [g.address for g in fit.gpus if g.node is None]
-        for address in unknown:
-            warnings.append(
-                f"GPU {address} has unknown NUMA locality (numa_node -1, or a node that does "
-                "not exist); CPUs and memory were "
-                f"placed on node {fit.nodes[0]} by CPU/memory fit. Set node: if you know the "
-                "GPU's node"
-            )
+        self._unknown_node_warnings(fit, warnings)
         missing_uuid = [g.address for g in fit.gpus if not g.uuid]
         if missing_uuid:
             warnings.append(
@@ -356,13 +349,7 @@ class GpuChoice:
                 "kept (no move, no removal) and no new instance is planned on this GPU until the "
                 f"mode applies; {PENDING_FIX.format(address=fit.gpus[0].address)}"
             )
-        for gpu in fit.gpus:
-            if gpu.cpu_node is not None and gpu.cpu_node not in fit.nodes:
-                warnings.append(
-                    f"GPU {gpu.address} is on node {gpu.node}, not next to the placement's CPUs "
-                    f"(node {', '.join(str(n) for n in fit.nodes)}): its traffic crosses nodes"
-                )
-
+        self._cross_node_warnings(fit, warnings)
         return gpus_out, visible, mps_out, waits
 
     def _amd_part(
@@ -426,20 +413,24 @@ class GpuChoice:
             visible = ",".join(nvidia)
             environment["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
             environment["CUDA_VISIBLE_DEVICES"] = visible
-        self._gpu_node_warnings(fit, warnings)
+        self._unknown_node_warnings(fit, warnings)
+        self._cross_node_warnings(fit, warnings)
         return gpus_out, visible, None, waits
 
     @staticmethod
-    def _gpu_node_warnings(fit: Fit, warnings: list) -> None:
-        """Warn of GPUs of unknown node (first) and of GPUs away from the placement's CPUs."""
-        unknown = [g.address for g in fit.gpus if g.node is None]
-        for address in unknown:
+    def _unknown_node_warnings(fit: Fit, warnings: list) -> None:
+        """Warn of the placement's GPUs of unknown NUMA node (placed by CPU/memory fit)."""
+        for address in [g.address for g in fit.gpus if g.node is None]:
             warnings.append(
                 f"GPU {address} has unknown NUMA locality (numa_node -1, or a node that does "
                 "not exist); CPUs and memory were "
                 f"placed on node {fit.nodes[0]} by CPU/memory fit. Set node: if you know the "
                 "GPU's node"
             )
+
+    @staticmethod
+    def _cross_node_warnings(fit: Fit, warnings: list) -> None:
+        """Warn of the placement's GPUs away from its CPUs (traffic crosses nodes)."""
         for gpu in fit.gpus:
             if gpu.cpu_node is not None and gpu.cpu_node not in fit.nodes:
                 warnings.append(
