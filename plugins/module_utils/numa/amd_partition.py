@@ -533,24 +533,15 @@ def state_text(changes: list) -> str:
 def unit_text(boot_program_path: str, state_path: str, header: str, owned_units=()) -> str:
     """numafleet-amd-partition.service: a oneshot that sets the recorded modes at boot, before
     the owned units (and multi-user.target)."""
-    from .units import check_path, escape_path, exec_line, header_lines, unit_document
+    from .units import boot_unit_text
 
-    check_path(boot_program_path, "boot_program_path")
-    before = " ".join(["multi-user.target"] + sorted(owned_units))
-    unit = [
-        ("Description", "Set the AMD GPU partition modes recorded by numafleet.tuning"),
-        ("After", "systemd-modules-load.service"),
-        ("Before", before),
-        ("ConditionPathExists", escape_path(state_path, "state_path")),
-    ]
-    service = [
-        ("Type", "oneshot"),
-        ("RemainAfterExit", "yes"),
-        ("ExecStart", exec_line([PYTHON, boot_program_path, state_path], "boot_program_path")),
-    ]
-    return unit_document(
-        header_lines(header),
-        [("Unit", unit), ("Service", service), ("Install", [("WantedBy", "multi-user.target")])],
+    return boot_unit_text(
+        header,
+        "Set the AMD GPU partition modes recorded by numafleet.tuning",
+        "systemd-modules-load.service",
+        " ".join(["multi-user.target"] + sorted(owned_units)),
+        [PYTHON, boot_program_path, state_path],
+        state_path,
     )
 
 

@@ -21,7 +21,7 @@ from .mig_holders import (
     read_holders,
     read_pid_unit,
 )
-from .units import check_path, escape_path, exec_line, header_lines, unit_document
+from .units import boot_unit_text
 
 # Compute-instance profile ids by slice count: NVML_COMPUTE_INSTANCE_PROFILE_<N>_SLICE in nvml.h
 # (the same ids nvidia-smi mig -lcip prints). "Nc.<gi profile>" is a CI of N slices.
@@ -1369,21 +1369,13 @@ def unit_text(boot_program_path: str, state_path: str, header: str) -> str:
     Raises UnitRenderError on a header line that is not a comment, or a path systemd would not
     read back as given (units.check_path: absolute, normalised, within PATH_MAX/NAME_MAX).
     """
-    check_path(boot_program_path, "boot_program_path")
-    unit = [
-        ("Description", "Re-create the MIG layout recorded by numafleet.tuning"),
-        ("After", "nvidia-persistenced.service"),
-        ("Before", "multi-user.target"),
-        ("ConditionPathExists", escape_path(state_path, "state_path")),
-    ]
-    service = [
-        ("Type", "oneshot"),
-        ("RemainAfterExit", "yes"),
-        ("ExecStart", exec_line([PYTHON, boot_program_path, state_path], "boot_program_path")),
-    ]
-    return unit_document(
-        header_lines(header),
-        [("Unit", unit), ("Service", service), ("Install", [("WantedBy", "multi-user.target")])],
+    return boot_unit_text(
+        header,
+        "Re-create the MIG layout recorded by numafleet.tuning",
+        "nvidia-persistenced.service",
+        "multi-user.target",
+        [PYTHON, boot_program_path, state_path],
+        state_path,
     )
 
 

@@ -464,6 +464,37 @@ def unit_document(header: list[str], sections: list[tuple[str, list[tuple[str, s
     return "\n\n".join(blocks) + "\n"
 
 
+def boot_unit_text(
+    header: str,
+    description: str,
+    after: str,
+    before: str,
+    argv: list,
+    state_path: str,
+) -> str:
+    """A boot unit of a layer (numafleet-mig.service, numafleet-amd-partition.service): a oneshot
+    wanted by multi-user.target that runs ``argv`` (interpreter, boot program at argv[1], state
+    file) when ``state_path`` exists, After= ``after`` and Before= ``before`` (space-separated
+    unit names). Raises UnitRenderError on a header line that is not a comment, or a path
+    systemd would not read back as given (check_path: absolute, normalised, within limits)."""
+    check_path(argv[1], "boot_program_path")
+    unit = [
+        ("Description", description),
+        ("After", after),
+        ("Before", before),
+        ("ConditionPathExists", escape_path(state_path, "state_path")),
+    ]
+    service = [
+        ("Type", "oneshot"),
+        ("RemainAfterExit", "yes"),
+        ("ExecStart", exec_line(argv, "boot_program_path")),
+    ]
+    return unit_document(
+        header_lines(header),
+        [("Unit", unit), ("Service", service), ("Install", [("WantedBy", "multi-user.target")])],
+    )
+
+
 def _mps_daemons(plan: dict) -> dict:
     """{pipe_dir: nvidia-mps@ unit, or None while the daemon's MIG instance does not exist yet}."""
     daemons = plan.get("mps_daemons") if isinstance(plan, dict) else None

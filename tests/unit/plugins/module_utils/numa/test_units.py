@@ -910,3 +910,46 @@ def test_mig_placements_start_after_the_mig_boot_unit():
     assert "[Unit]\n" in text and "After=numafleet-mig.service\n" in text
     text = units.render_files(make_plan(whole))[f"{UNIT_DIR}/numafleet-llm.service"]
     assert "numafleet-mig.service" not in text
+
+
+# The boot units of the mig and amd layers share units.boot_unit_text; these texts are the ones
+# each layer rendered before (byte for byte), so the shared renderer changed nothing.
+BOOT_UNIT_TAIL = (
+    "ConditionPathExists=/etc/numafleet/s.json\n"
+    "\n"
+    "[Service]\n"
+    "Type=oneshot\n"
+    "RemainAfterExit=yes\n"
+    'ExecStart="/usr/bin/python3" "/usr/local/libexec/x 100%%" "/etc/numafleet/s.json"\n'
+    "\n"
+    "[Install]\n"
+    "WantedBy=multi-user.target\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("layer", "unit_lines"),
+    [
+        (
+            "mig",
+            "Description=Re-create the MIG layout recorded by numafleet.tuning\n"
+            "After=nvidia-persistenced.service\n"
+            "Before=multi-user.target\n",
+        ),
+        (
+            "amd",
+            "Description=Set the AMD GPU partition modes recorded by numafleet.tuning\n"
+            "After=systemd-modules-load.service\n"
+            "Before=multi-user.target a@1.service b.service\n",
+        ),
+    ],
+)
+def test_boot_units_render_byte_for_byte_as_before(layer, unit_lines):
+    from ansible_collections.numafleet.tuning.plugins.module_utils.numa import amd_partition, mig
+
+    args = ("/usr/local/libexec/x 100%", "/etc/numafleet/s.json", "# Managed\n# two")
+    if layer == "mig":
+        text = mig.unit_text(*args)
+    else:
+        text = amd_partition.unit_text(*args, ("b.service", "a@1.service"))
+    assert text == "# Managed\n# two\n\n[Unit]\n" + unit_lines + BOOT_UNIT_TAIL
