@@ -54,6 +54,7 @@ import posixpath
 from dataclasses import dataclass
 from typing import Callable, NamedTuple, Optional
 
+from .backends import Way, pick_backend
 from .errors import NumaTuneError
 from .gpu_amd import MI300_COMPATIBLE
 from .mig_holders import KIND_PROCESS, Holder, open_devices, process_ids, read_comm
@@ -354,21 +355,26 @@ def choose_backend(choice: str, render: bool, sysfs_root: str, runner, which, lo
         return SysfsBackend(
             sysfs_root, runner, (which("modprobe") if which else None) or "modprobe"
         )
-    reasons = []
-    if choice in ("auto", "amdsmi"):
-        module = load_amdsmi() if load_amdsmi else None
-        if module is None:
-            reasons.append("the amdsmi Python library is not installed for the target's Python")
-        else:
-            try:
-                return AmdsmiBackend(module, sysfs_root)
-            except AmdPartitionError as exc:
-                reasons.append(str(exc))
-    if choice in ("auto", "amd-smi"):
-        path = which("amd-smi") if which else None
-        if path:
-            return SmiBackend(runner, path, sysfs_root)
-        reasons.append("amd-smi is not on the PATH")
+    backend, reasons = pick_backend(
+        choice,
+        (
+            Way(
+                "amdsmi",
+                lambda: load_amdsmi() if load_amdsmi else None,
+                lambda module: AmdsmiBackend(module, sysfs_root),
+                "the amdsmi Python library is not installed for the target's Python",
+            ),
+            Way(
+                "amd-smi",
+                lambda: (which("amd-smi") if which else None) or None,
+                lambda path: SmiBackend(runner, path, sysfs_root),
+                "amd-smi is not on the PATH",
+            ),
+        ),
+        (AmdPartitionError,),
+    )
+    if backend is not None:
+        return backend
     if choice == "auto":
         return SysfsBackend(
             sysfs_root, runner, (which("modprobe") if which else None) or "modprobe"

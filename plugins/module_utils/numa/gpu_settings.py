@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 from typing import Optional
 from xml.etree import ElementTree
 
+from .backends import NVML_MISSING, SMI_MISSING, Way, pick_backend
 from .errors import GpuSettingsError
 
 SETTINGS = ("persistence", "compute_mode", "application_clocks", "power_limit_w")
@@ -775,22 +776,21 @@ def choose_backend(choice: str, snapshot: Optional[str], runner, which, load_nvm
     """The backend for the ``backend``/``snapshot`` options; raises GpuSettingsError."""
     if snapshot:
         return SnapshotBackend(snapshot)
-    reasons = []
-    if choice in ("auto", "nvml"):
-        nvml = load_nvml()
-        if nvml is None:
-            reasons.append("nvidia-ml-py (import pynvml) is not installed for the target's Python")
-        else:
-            try:
-                return NvmlBackend(nvml)
-            except GpuSettingsError as exc:
-                reasons.append(str(exc))
-    if choice in ("auto", "nvidia-smi"):
-        path = which("nvidia-smi")
-        if path is None:
-            reasons.append("nvidia-smi is not on the PATH")
-        else:
-            return SmiBackend(runner, path)
+    backend, reasons = pick_backend(
+        choice,
+        (
+            Way("nvml", load_nvml, NvmlBackend, NVML_MISSING),
+            Way(
+                "nvidia-smi",
+                lambda: which("nvidia-smi"),
+                lambda path: SmiBackend(runner, path),
+                SMI_MISSING,
+            ),
+        ),
+        (GpuSettingsError,),
+    )
+    if backend is not None:
+        return backend
     raise GpuSettingsError(
         f"backend={choice}: no way to reach the GPUs: {'; '.join(reasons)}. Install the NVIDIA "
         "driver (nvidia-smi) or nvidia-ml-py, or remove numafleet_gpu_settings for this host"

@@ -366,6 +366,26 @@ def _no_nvml():
     return None
 
 
+def host_runner(host):
+    """``runner(argv) -> (rc, out, err)`` over ``host.run_command`` with the C locale (ENVIRON):
+    what the core's layers take to run a tool."""
+
+    def runner(argv):
+        return host.run_command(argv, environ_update=dict(ENVIRON))
+
+    return runner
+
+
+def _report(result: dict, host) -> dict:
+    """``result`` of a GPU layer (gpu, amd) as the module returns it: its ``warnings`` go to
+    ``host.warn`` and leave it, its ``diff`` stays only when ``host.diff``."""
+    for warning in result.pop("warnings"):
+        host.warn(warning)
+    if not host.diff:
+        result.pop("diff")
+    return result
+
+
 class _GpuHost:
     """What gpu_settings.run needs of the host: commands, binaries, NVML and GPU holders."""
 
@@ -375,7 +395,7 @@ class _GpuHost:
         self.load_nvml = getattr(host, "load_pynvml", None) or _no_nvml
 
     def runner(self, argv):
-        return self.host.run_command(argv, environ_update=dict(ENVIRON))
+        return host_runner(self.host)(argv)
 
     def which(self, name: str):
         return self.host.get_bin_path(name)
@@ -399,11 +419,7 @@ def _gpu(params: dict, host, ran: list) -> dict:
     from . import gpu_settings
 
     result = gpu_settings.run(dict(params), host.check_mode, _GpuHost(host, params), ran)
-    for warning in result.pop("warnings"):
-        host.warn(warning)
-    if not host.diff:
-        result.pop("diff")
-    return result
+    return _report(result, host)
 
 
 def _amd(params: dict, host, ran: list) -> dict:
@@ -412,33 +428,23 @@ def _amd(params: dict, host, ran: list) -> dict:
 
     from . import amd_partition
 
-    def runner(argv):
-        return host.run_command(argv, environ_update=dict(ENVIRON))
-
     result = amd_partition.run(
         dict(params),
         host.check_mode,
-        runner,
+        host_runner(host),
         host.get_bin_path,
         getattr(host, "load_amdsmi", None),
         exclude_pids=(os.getpid(),),
     )
     ran.extend(result["ran"])
-    for warning in result.pop("warnings"):
-        host.warn(warning)
-    if not host.diff:
-        result.pop("diff")
-    return result
+    return _report(result, host)
 
 
 def _mig(params: dict, host, ran: list) -> dict:
     from . import mig_nvml
 
-    def runner(argv):
-        return host.run_command(argv, environ_update=dict(ENVIRON))
-
     load = getattr(host, "load_pynvml", None) or _no_nvml
-    result = mig_nvml.run(dict(params), host.check_mode, runner, host.get_bin_path, load)
+    result = mig_nvml.run(dict(params), host.check_mode, host_runner(host), host.get_bin_path, load)
     result["drift"] = mig_drift(result, bool(params.get("snapshot")))
     for item in result["kept"]:
         host.warn(f"{item['path']}: {item['reason']}")
@@ -958,8 +964,7 @@ def replan(plan: dict, settings: dict, host, layer: str = "mig") -> dict:
     """
     from . import facts, planner
 
-    def runner(argv):
-        return host.run_command(argv, environ_update=dict(ENVIRON))
+    runner = host_runner(host)
 
     def load_nvml():
         module = (getattr(host, "load_pynvml", None) or _no_nvml)()

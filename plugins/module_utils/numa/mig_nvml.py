@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import Optional
 
 from . import gpu_nvml, gpu_records
+from .backends import NVML_MISSING, SMI_MISSING, Way, pick_backend
 from .errors import MigBackendError, MigError
 from .files import read_text, write_file
 from .mig import (
@@ -443,24 +444,22 @@ def choose_backend(choice: str, snapshot: Optional[str], runner, which, load_nvm
     """The backend for the module's ``backend``/``snapshot`` options; raises MigError."""
     if snapshot:
         return SnapshotBackend(snapshot)
-    reasons = []
-    if choice in ("auto", "nvml"):
-        nvml = load_nvml()
-        if nvml is None:
-            reasons.append("nvidia-ml-py (import pynvml) is not installed for the target's Python")
-        else:
-            try:
-                return NvmlBackend(nvml)
-            except MigBackendError as exc:
-                reasons.append(str(exc))
-    if choice in ("auto", "nvidia-smi"):
-        path = which("nvidia-smi")
-        if path is None:
-            reasons.append("nvidia-smi is not on the PATH")
-        else:
-            from . import mig_smi  # written alongside; imported only when needed
 
-            return mig_smi.SmiBackend(runner, path)
+    def smi_backend(path):
+        from . import mig_smi  # written alongside; imported only when needed
+
+        return mig_smi.SmiBackend(runner, path)
+
+    backend, reasons = pick_backend(
+        choice,
+        (
+            Way("nvml", load_nvml, NvmlBackend, NVML_MISSING),
+            Way("nvidia-smi", lambda: which("nvidia-smi"), smi_backend, SMI_MISSING),
+        ),
+        (MigBackendError,),
+    )
+    if backend is not None:
+        return backend
     raise MigError(
         f"backend={choice}: no way to reach the GPUs: {'; '.join(reasons)}. Install the NVIDIA "
         "driver (nvidia-smi) or nvidia-ml-py, or remove the GPUs from gpus"
