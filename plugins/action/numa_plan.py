@@ -62,6 +62,7 @@ ARGUMENT_SPEC = dict(
     restart=dict(type="str", default="auto", choices=["auto", "never"]),
     max_removals=dict(type="int", default=2),
     allow_removals=dict(type="bool", default=False),
+    amd_reset_ok=dict(type="bool", default=False),
     refuse=dict(type="bool", default=True),
     hardening=dict(type="bool", default=True),
     unit_dir=dict(type="str", default=units.DEFAULT_UNIT_DIR),
@@ -353,4 +354,5 @@ class ActionModule(ControllerAction):
             allow_removals=args["allow_removals"],
             repack=args["repack"],
             awaited=(old_plan or {}).get("awaiting_restart") or [],
+            amd_reset_ok=args["amd_reset_ok"],
         )

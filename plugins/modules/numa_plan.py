@@ -215,6 +215,14 @@ options:
         host. Usually the host variable C(numafleet_allow_removals).
     type: bool
     default: false
+  amd_reset_ok:
+    description:
+      - With O(changes), whether the amd layer may reload the amdgpu driver for a memory
+        partition change (every AMD GPU of the host is reset); without it the change plan lists
+        such a change as waiting (C(reset_required)). Usually the host variable
+        C(numafleet_amd_reset_ok).
+    type: bool
+    default: false
   refuse:
     description:
       - Fail the task when a guard of O(changes) fires (the default). With V(false) the task
@@ -628,6 +636,18 @@ ansible_facts:
           type: list
           elements: dict
           sample: [{gpu: "0000:17:00.0", mode: null, create: [1g.10gb@2], destroy: [2g.20gb@2]}]
+        amd:
+          description:
+            - Per AMD GPU whose compute or memory partition changes (C(amd_partitions) of the
+              plan), C(gpu), C(compute) and C(memory) (V(null) or V(CPX -> SPX)),
+              C(reset_required) (a memory partition change without O(amd_reset_ok): it waits and
+              nothing changes on that GPU) and C(restart), the units the amd layer stops and
+              starts around the change (also in C(units.restart), whatever O(restart) says).
+            - A memory partition change reloads the amdgpu driver, which resets every AMD GPU of
+              the host.
+          type: list
+          elements: dict
+          sample: [{gpu: "0000:e3:00.0", compute: CPX -> SPX, memory: null, reset_required: false, restart: [numafleet-small-08.service]}]
         removals:
           description: C(units) the plan removes, C(max) (O(max_removals)) and C(allowed) (O(allow_removals)).
           type: dict

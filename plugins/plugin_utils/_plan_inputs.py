@@ -27,6 +27,8 @@ PLAN_VARIABLES = {
     "restart": "numafleet_restart",
     "max_removals": "numafleet_max_removals",
     "allow_removals": "numafleet_allow_removals",
+    # The change plan says whether a memory partition change reloads amdgpu or waits.
+    "amd_reset_ok": "numafleet_amd_reset_ok",
 }
 # Where the topology is read (numa_facts' options), for the re-read after a MIG change.
 TOPOLOGY_VARIABLES = {

@@ -111,6 +111,48 @@ def _mig_changes(new_plan: dict, gpu_topology: dict) -> list:
     return out
 
 
+def _mode_change(entry: dict, key: str) -> Optional[str]:
+    """'CPX -> SPX' when the entry's planned mode of ``key`` differs from the current one."""
+    modes = entry.get(key) or {}
+    now, planned = modes.get("current"), modes.get("planned")
+    return None if now == planned or planned is None else f"{now} -> {planned}"
+
+
+def _amd_changes(new_plan: dict, reset_ok: bool, idle) -> list:
+    """One item per AMD GPU of plan.amd_partitions whose compute or memory partition changes.
+
+    {"gpu": address, "compute": "CPX -> SPX" or None, "memory": "NPS4 -> NPS1" or None,
+    "reset_required": bool, "restart": [units]}. A memory partition change needs a reload of the
+    amdgpu driver, which resets every AMD GPU of the host: without reset_ok
+    (numafleet_amd_reset_ok) the amd layer changes nothing on that GPU (reset_required true,
+    restart []). Else the amd layer stops the units it owns that hold the GPU, changes the modes
+    and starts them again. A process using ROCm holds /dev/kfd, which holds every AMD GPU
+    (amd_partition.read_amd_holders; the driver refuses a switch while a KFD process runs), so
+    ``restart`` is every owned unit of the host (plan.amd_partitions[].owned_units) but those in
+    ``idle`` (not running before the run: new, stopped for good, or waiting for their logical
+    GPU).
+    """
+    entries = [e for e in new_plan.get("amd_partitions") or () if isinstance(e, dict)]
+    owned = sorted({unit for e in entries for unit in e.get("owned_units") or ()} - set(idle))
+    out = []
+    for entry in entries:
+        compute = _mode_change(entry, "compute_partition")
+        memory = _mode_change(entry, "memory_partition")
+        if not (compute or memory):
+            continue
+        waits = bool(memory) and not reset_ok
+        out.append(
+            {
+                "gpu": entry.get("address"),
+                "compute": compute,
+                "memory": memory,
+                "reset_required": waits,
+                "restart": [] if waits else list(owned),
+            }
+        )
+    return out
+
+
 def _pools(plan: Optional[dict]) -> dict:
     """{(node, size_kb): count} of a plan's per-node hugepage pools."""
     return {
@@ -207,6 +249,7 @@ def change_plan(
     allow_removals: bool = False,
     repack: bool = False,
     awaited=(),
+    amd_reset_ok: bool = False,
 ) -> dict:
     """ansible_facts.numafleet_changes of one host (see the module docs of numa_plan).
 
@@ -215,7 +258,11 @@ def change_plan(
     last apply wrote, the manifests included). awaited: the units an earlier run with
     restart "never" left to restart (the recorded plan's awaiting_restart): restarted now with
     "auto", still awaiting with "never" (units.awaiting_restart, which the caller records in
-    the plan). ``refused`` lists the blast-radius guards that fired (empty when allowed); the
+    the plan). amd_reset_ok: numafleet_amd_reset_ok (the amd layer's reset_ok): whether a
+    memory partition change reloads the amdgpu driver or waits. The units the amd layer stops
+    and starts around a partition change are restarted whatever ``restart`` says (the layer
+    does not read it); a unit that systemd stops with them (Requires=, BindsTo=, PartOf=) is
+    not started again by that layer and is listed in stop_through. ``refused`` lists the blast-radius guards that fired (empty when allowed); the
     caller fails the host with them, before the gate.
     """
     owned = [
@@ -259,6 +306,11 @@ def change_plan(
     seeds = restart_units + try_restart + ([] if never else restart_awaited)
     via_restart = _propagate(seeds, deps, busy | set(restart_awaited))
     via_stop = _propagate(stop, deps, busy | set(via_restart))
+    amd = _amd_changes(new_plan, amd_reset_ok, set(start) | set(stop) | set(waiting))
+    amd_restart = sorted({unit for item in amd for unit in item["restart"]})
+    via_amd = _propagate(
+        amd_restart, deps, busy | set(amd_restart) | set(via_restart) | set(restart_awaited)
+    )
 
     old_by = {e["name"]: e for e in (old_plan or {}).get("placements") or ()}
     new_by = {e["name"]: e for e in new_plan.get("placements") or ()}
@@ -299,7 +351,15 @@ def change_plan(
     removals = sorted(set(stop) | set(unpinned))
     refused = []
     disturbed = sorted(
-        (set(restart_units) | set(try_restart) | set(via_restart) | set(stop) | set(unpinned))
+        (
+            set(restart_units)
+            | set(try_restart)
+            | set(via_restart)
+            | set(stop)
+            | set(unpinned)
+            | set(amd_restart)
+            | set(via_amd)
+        )
         & set(managed)
     )
     if old_plan is None and managed and disturbed and not repack:
@@ -338,10 +398,11 @@ def change_plan(
             "start": start,
             "stop": stop,
             "unpin": unpinned,
-            "restart": [] if never else restart_units,
+            # The amd layer stops and starts its units whatever numafleet_restart says.
+            "restart": sorted(set([] if never else restart_units) | set(amd_restart)),
             "restart_if_running": [] if never else try_restart,
             "restart_through": {} if never else _via_text(via_restart),
-            "stop_through": _via_text(via_stop),
+            "stop_through": _via_text(dict(sorted({**via_stop, **via_amd}.items()))),
             "restart_awaited": [] if never else restart_awaited,
             "awaiting_restart": (
                 sorted(
@@ -365,6 +426,7 @@ def change_plan(
             },
         },
         "mig": mig,
+        "amd": amd,
         "hugepages": _pool_changes(old_plan, new_plan),
         "removals": {"units": removals, "max": max_removals, "allowed": allow_removals},
         "refused": refused,
@@ -380,6 +442,7 @@ def change_plan(
         or try_restart
         or result["units"]["restart_awaited"]
         or mig
+        or amd
         or result["hugepages"]
         or any(result["units"]["slices"].values())
         or result["units"]["reexec"]
@@ -420,6 +483,11 @@ def change_summary(changes: dict) -> str:
     if changes["mig"]:
         layouts = len(changes["mig"])
         units_text.append(f"{layouts} MIG layout{'' if layouts == 1 else 's'} to change")
+    amd = changes.get("amd") or ()
+    for waits, label in ((False, ""), (True, " awaiting a reset")):
+        count = sum(1 for item in amd if bool(item["reset_required"]) == waits)
+        if count:
+            units_text.append(f"{count} AMD partition change{'' if count == 1 else 's'}{label}")
     if not moves and not units_text:
         return "no change"
     return "changes: " + "; ".join(
@@ -510,6 +578,41 @@ def change_lines(changes: dict) -> list:
         if item["create"]:
             parts.append(f"create {', '.join(item['create'])}")
         lines.append(f"  MIG {item['gpu']}: {'; '.join(parts)}")
+    lines += _amd_lines(changes.get("amd") or ())
+    return lines
+
+
+def _amd_lines(amd) -> list:
+    """The change plan's lines of the AMD partition changes (change_plan's ``amd`` items)."""
+    lines = []
+    for item in amd:
+        modes = "; ".join(f"{kind} {item[kind]}" for kind in ("compute", "memory") if item[kind])
+        if item["reset_required"]:
+            lines.append(
+                f"  amd {item['gpu']}: {modes}: waits as reset_required, nothing changes on this "
+                "GPU: a memory partition change needs a reload of the amdgpu driver, which resets "
+                "every AMD GPU of the host; set numafleet_amd_reset_ok: true for a run in a "
+                "maintenance window (or reboot into the mode)"
+            )
+        elif item["memory"]:
+            lines.append(
+                f"  amd {item['gpu']}: {modes}; reloads the amdgpu driver, which resets EVERY "
+                "AMD GPU of the host"
+            )
+        else:
+            lines.append(f"  amd {item['gpu']}: {modes}")
+    applied = [item for item in amd if not item["reset_required"]]
+    restart = sorted({unit for item in applied for unit in item["restart"]})
+    if restart:
+        lines.append(
+            f"  amd: stops and starts {', '.join(restart)} around the partition change (a "
+            "process using ROCm holds /dev/kfd, and with it every AMD GPU of the host)"
+        )
+    if applied:
+        lines.append(
+            "  amd: a process outside these units that holds /dev/kfd or a render node of a "
+            "GPU to change fails the run before any partition change"
+        )
     return lines
 
 
