@@ -224,3 +224,43 @@ def test_both_variables_are_refused_before_planning(a100_facts):
         "host gpu-a100-01: numafleet_gpu_partitions and numafleet_mig_gpus are both set"
     )
     assert "ansible_facts" not in result
+
+
+def _drift_run(hostvars: dict) -> dict:
+    """numa_plan as drift_check.yml runs it: every option from the host variables."""
+    from amd_facts import mi300x_host
+
+    numa, topology = mi300x_host()
+    host = "mi300x-01"
+    task = SimpleNamespace(
+        args={"playbook": "drift_check.yml"},
+        async_val=0,
+        check_mode=False,
+        action="numafleet.tuning.numa_plan",
+    )
+    connection = SimpleNamespace(_shell=SimpleNamespace(tmpdir=None))
+    action = ActionModule(task, connection, None, None, None)
+    action._load_name = "numafleet.tuning.numa_plan"
+    facts = {"numa": numa, "gpu_topology": topology}
+    task_vars = {
+        "inventory_hostname": host,
+        "ansible_facts": facts,
+        "hostvars": {host: dict(hostvars, ansible_facts=facts)},
+    }
+    return action.run(task_vars=task_vars)
+
+
+@pytest.mark.parametrize("reset_ok", [False, True])
+def test_numafleet_amd_reset_ok_reaches_the_change_plan(reset_ok):
+    declared = [{"gpu": "0000:e3:00.0", "compute_partition": "SPX", "memory_partition": "NPS1"}]
+    hostvars = {"numafleet_gpu_partitions": declared}
+    if reset_ok:
+        hostvars["numafleet_amd_reset_ok"] = True
+    result = _drift_run(hostvars)
+    assert not result.get("failed"), result
+    (item,) = result["ansible_facts"]["numafleet_changes"]["amd"]
+    assert item["gpu"] == "0000:e3:00.0" and item["memory"] == "NPS4 -> NPS1"
+    assert item["reset_required"] is not reset_ok
+    text = "\n".join(result["changes"])
+    assert ("reloads the amdgpu driver" in text) is reset_ok
+    assert ("waits as reset_required" in text) is not reset_ok

@@ -23,6 +23,8 @@ def test_unset_variables_take_the_schema_defaults():
     }
     assert inputs["placements"] == [] and inputs["max_removals"] == 2
     assert inputs["restart"] == "auto" and inputs["allow_removals"] is False
+    assert inputs["amd_reset_ok"] is False
+    assert _plan_inputs.plan_inputs({"numafleet_amd_reset_ok": True})["amd_reset_ok"] is True
 
 
 def test_every_plan_variable_feeds_an_option_of_numa_plan():
