@@ -57,10 +57,15 @@ _MEASURE_READS = {name for name, dummy in _plan_inputs.MEASURE_VARIABLES.values(
 PYTHON_READS = {
     schema.SITE: _APPLY_READS | set(_plan_inputs.TOPOLOGY_VARIABLES.values()),
     schema.DRIFT: _APPLY_READS | _MEASURE_READS | {"numafleet_drift_fail"},
-    # The plan (not its change plan: restart and the removal guard do not matter there), the
-    # units layer in check mode and the measurement.
+    # The plan (not its change plan: restart, the removal guard and the AMD reset do not matter
+    # there), the units layer in check mode and the measurement.
     schema.VERIFY: set(_plan_inputs.PLAN_VARIABLES.values())
-    - {"numafleet_restart", "numafleet_max_removals", "numafleet_allow_removals"}
+    - {
+        "numafleet_restart",
+        "numafleet_max_removals",
+        "numafleet_allow_removals",
+        "numafleet_amd_reset_ok",
+    }
     | _MEASURE_READS
     | {"numafleet_render_root", "numafleet_gpu_snapshot"},
 }
