@@ -7,8 +7,10 @@ and the digests of the files the last apply wrote (ansible_facts.numafleet_recor
 the files the new plan renders (units.render_files, mps.render_files), so it names exactly the
 units whose files change. It adds what systemd does by itself: a unit that is restarted or
 stopped takes with it every unit whose files say Requires=, BindsTo= or PartOf= on it
-(systemd.unit(5)), transitively. It also guards the blast radius: removing every managed unit of
-a host, or more than max_removals, is refused unless allowed. Pure: no I/O.
+(systemd.unit(5)), transitively. It lists the MIG layout changes and the AMD partition changes
+(plan.amd_partitions) with the units the amd layer stops and starts around them. It also guards
+the blast radius: removing every managed unit of a host, or more than max_removals, is refused
+unless allowed. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -259,11 +261,12 @@ def change_plan(
     restart "never" left to restart (the recorded plan's awaiting_restart): restarted now with
     "auto", still awaiting with "never" (units.awaiting_restart, which the caller records in
     the plan). amd_reset_ok: numafleet_amd_reset_ok (the amd layer's reset_ok): whether a
-    memory partition change reloads the amdgpu driver or waits. The units the amd layer stops
-    and starts around a partition change are restarted whatever ``restart`` says (the layer
-    does not read it); a unit that systemd stops with them (Requires=, BindsTo=, PartOf=) is
-    not started again by that layer and is listed in stop_through. ``refused`` lists the blast-radius guards that fired (empty when allowed); the
-    caller fails the host with them, before the gate.
+    memory partition change reloads the amdgpu driver or waits (``amd``, _amd_changes). The
+    units the amd layer stops and starts around a partition change are in units.restart
+    whatever ``restart`` says (the layer does not read it); a unit that systemd stops with them
+    (Requires=, BindsTo=, PartOf=) is not started again by that layer: it is in stop_through.
+    ``refused`` lists the blast-radius guards that fired (empty when allowed); the caller fails
+    the host with them, before the gate.
     """
     owned = [
         path
