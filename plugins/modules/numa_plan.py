@@ -640,8 +640,8 @@ ansible_facts:
           description:
             - Per AMD GPU whose compute or memory partition changes (C(amd_partitions) of the
               plan), C(gpu), C(compute) and C(memory) (V(null) or V(CPX -> SPX)),
-              C(reset_required) (a memory partition change without O(amd_reset_ok): it waits and
-              nothing changes on that GPU) and C(restart), the units the amd layer stops and
+              C(reset_required) (a memory partition change without O(amd_reset_ok), which waits,
+              and nothing changes on that GPU) and C(restart), the units the amd layer stops and
               starts around the change (also in C(units.restart), whatever O(restart) says).
             - A memory partition change reloads the amdgpu driver, which resets every AMD GPU of
               the host.
