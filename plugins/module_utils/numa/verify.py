@@ -1789,22 +1789,29 @@ def _check_render_nodes(out: _Checks, placement: dict, renders: dict) -> None:
             missing.append(str(path))
         elif gpu.get("node") is None or gpu.get("node") not in local:
             far.append(f"{path} (GPU {gpu.get('address')}, node {gpu.get('node')})")
-    if missing or far or not paths:
-        parts = [f"{', '.join(missing)} not a GPU's render node on the host"] if missing else []
-        if far:
-            parts.append(f"{', '.join(far)} not on the placement's nodes {format_cpulist(local)}")
-        if not paths:
-            parts.append("no render node allowed")
+    parts = [f"{', '.join(missing)} not a GPU's render node on the host"] if missing else []
+    if far:
+        parts.append(f"{', '.join(far)} not on the placement's nodes {format_cpulist(local)}")
+    if not paths:
+        parts.append("no render node allowed")
+    _device_result(out, name, "DeviceAllow", f"{len(paths)} render node(s)", measured, local, parts)
+
+
+def _device_result(
+    out: _Checks, name: str, what: str, count: str, measured: dict, local: set, parts: list
+) -> None:
+    """The check of a placement's selected devices: fail naming ``parts`` (what is wrong),
+    else pass with ``count`` (how many devices) on its nodes."""
+    if parts:
         out.add(
             PARTITION_CHECK, name, "fail", measured, sorted(local), "node",
-            "DeviceAllow: " + "; ".join(parts) + "; gather facts again and re-plan",
+            f"{what}: " + "; ".join(parts) + "; gather facts again and re-plan",
             "; ".join(parts),
         )  # fmt: skip
     else:
         out.add(
             PARTITION_CHECK, name, "pass", measured, sorted(local), "node",
-            f"DeviceAllow: {len(paths)} render node(s) on the host, on node(s) "
-            f"{format_cpulist(local)}",
+            f"{what}: {count} on the host, on node(s) {format_cpulist(local)}",
         )  # fmt: skip
 
 
@@ -1835,22 +1842,9 @@ def _check_visible(out: _Checks, placement: dict, owners: dict, counts: dict) ->
         measured[uuid] = node
         if node is None or node not in local:
             far.append(f"{uuid} (GPU {gpu.get('address')}, node {node})")
-    if missing or far or shared:
-        parts = []
-        if missing:
-            parts.append(f"{', '.join(missing)} not on the host")
-        if far:
-            parts.append(f"{', '.join(far)} not on the placement's nodes {format_cpulist(local)}")
-        if shared:
-            parts.append(f"{', '.join(shared)} shared, so ROCm exposes no device")
-        out.add(
-            PARTITION_CHECK, name, "fail", measured, sorted(local), "node",
-            f"{ROCR_VARIABLE}: " + "; ".join(parts) + "; gather facts again and re-plan",
-            "; ".join(parts),
-        )  # fmt: skip
-    else:
-        out.add(
-            PARTITION_CHECK, name, "pass", measured, sorted(local), "node",
-            f"{ROCR_VARIABLE}: {len(uuids)} device(s) on the host, on node(s) "
-            f"{format_cpulist(local)}",
-        )  # fmt: skip
+    parts = [f"{', '.join(missing)} not on the host"] if missing else []
+    if far:
+        parts.append(f"{', '.join(far)} not on the placement's nodes {format_cpulist(local)}")
+    if shared:
+        parts.append(f"{', '.join(shared)} shared, so ROCm exposes no device")
+    _device_result(out, name, ROCR_VARIABLE, f"{len(uuids)} device(s)", measured, local, parts)
