@@ -198,17 +198,24 @@ class Gpu:
         return self.mps_pinned_kb + pinned_kb <= self.memory_mib * 1024
 
 
-def one_vendor(pool: list, vendor: Optional[str]) -> list:
-    """The GPUs of pool of ``vendor``; with None, those of the vendor with the most GPUs in pool
-    (the lowest address first on a tie); pool itself when it holds one vendor."""
+def by_vendor(pool: list) -> dict:
+    """{vendor: its GPUs of pool}, in the order of their first GPU in pool."""
     groups: dict = {}
     for gpu in pool:
         groups.setdefault(gpu.vendor, []).append(gpu)
+    return groups
+
+
+def one_vendor(pool: list, vendor: Optional[str]) -> list:
+    """The GPUs of pool of ``vendor``; with None, those of the vendor with the most GPUs in pool
+    (pool sorted by address: the vendor of the lower address on a tie); pool itself when it
+    holds one vendor."""
+    groups = by_vendor(pool)
     if vendor is not None:
         return groups.get(vendor, [])
     if len(groups) <= 1:
         return pool
-    return max(groups.values(), key=lambda group: (len(group), [-ord(c) for c in group[0].address]))
+    return max(groups.values(), key=len)
 
 
 def choose_gpus(pool: list, count: int) -> Optional[list]:
@@ -219,11 +226,9 @@ def choose_gpus(pool: list, count: int) -> Optional[list]:
         return None
     if count == 0:
         return []
-    vendors: dict = {}
-    for gpu in pool:
-        vendors.setdefault(gpu.vendor, []).append(gpu)
-    if len(vendors) > 1:
-        for group in vendors.values():  # the vendor of the lowest address first
+    groups = by_vendor(pool)
+    if len(groups) > 1:
+        for group in groups.values():  # the vendor of the lowest address first
             chosen = choose_gpus(group, count)
             if chosen is not None:
                 return chosen
