@@ -66,6 +66,20 @@ def gpu_uuid(unique_id: Optional[int]) -> Optional[str]:
     return f"GPU-{unique_id & 0xFFFFFFFFFFFFFFFF:016x}"
 
 
+def logical_uuid_counts(records) -> dict:
+    """{UUID (lower case): how many logical GPUs carry it} over ``records``, the ``amd`` records
+    of a host's GPUs. More than one: the driver gave the logical GPUs of a partitioned GPU the
+    GPU's unique_id, and ROCR_VISIBLE_DEVICES cannot select any of them by it (ROCr refuses a
+    UUID that matches two or more agents)."""
+    counts: dict = {}
+    for record in records:
+        for logical in (record or {}).get("logical_gpus") or ():
+            if isinstance(logical, dict) and logical.get("uuid"):
+                uuid = str(logical["uuid"]).lower()
+                counts[uuid] = counts.get(uuid, 0) + 1
+    return counts
+
+
 def _properties(text: Optional[str]) -> dict:
     found: dict = {}
     for line in (text or "").splitlines():

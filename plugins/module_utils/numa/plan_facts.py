@@ -18,7 +18,7 @@ from .placements import HEADROOM_VAR, RESERVED_VAR, AmdPartitionDecl, format_kb
 from .plan_common import BY_ADDRESS, CPU_KINDS, MEMORY_KINDS, counted, int_list
 from .plan_fit import core_groups
 from .plan_gpu import Gpu
-from .plan_gpu_amd import AmdLayouts, partitioned
+from .plan_gpu_amd import AmdLayouts, partitioned, shared_uuids
 from .plan_gpu_partitions import MigLayouts
 
 
@@ -496,6 +496,8 @@ class Host(MigLayouts, AmdLayouts):
             self.gpu_by_id[gpu.address] = gpu
             if gpu.uuid:
                 self.gpu_by_id[gpu.uuid] = gpu
+        # UUIDs ROCR_VISIBLE_DEVICES cannot select by (logical GPUs sharing one): from the facts
+        self.shared_uuids = shared_uuids(self.gpus)
         for declared in mig_gpus:
             if isinstance(declared, AmdPartitionDecl):
                 self._declare_amd(declared)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Optional
 
 from .errors import PlacementError
+from .gpu_amd import logical_uuid_counts
 from .placements import GPU_PARTITIONS_VAR, PLACEMENTS_VAR
 from .plan_gpu import Gpu, Slot
 from .plan_gpu_partitions import declared_gpu
@@ -35,22 +36,10 @@ def render_node(minor: int) -> str:
 
 
 def shared_uuids(gpus) -> set:
-    """The UUIDs (lower case) more than one logical GPU of the host carries.
-
-    The driver gives every logical GPU (XCP) of a partitioned GPU the GPU's KFD ``unique_id``
-    (seen on a real 8x MI300X in CPX), and ROCr refuses a ROCR_VISIBLE_DEVICES UUID that matches
-    more than one GPU agent: it then exposes none. ``gpus``: the planner's Gpu records.
-    """
-    seen: set = set()
-    shared: set = set()
-    for gpu in gpus:
-        if gpu.amd is None:
-            continue
-        for logical in gpu.amd.get("logical_gpus") or ():
-            uuid = (logical.get("uuid") or "").lower()
-            if uuid:
-                (shared if uuid in seen else seen).add(uuid)
-    return shared
+    """The UUIDs (lower case) more than one logical GPU of the host carries
+    (gpu_amd.logical_uuid_counts); ``gpus``: the planner's Gpu records."""
+    counts = logical_uuid_counts(gpu.amd for gpu in gpus if gpu.amd is not None)
+    return {uuid for uuid, count in counts.items() if count > 1}
 
 
 def xcp_count(mode: str, xcd_count: Optional[int]) -> int:

@@ -27,7 +27,6 @@ from .plan_gpu_amd import (
     commit_slot,
     partition_out,
     render_node,
-    shared_uuids,
     waits_for_partition,
 )
 from .plan_gpu_partitions import PENDING_FIX, pending_text, waits_for_instance
@@ -298,16 +297,12 @@ class GpuChoice:
         device = anchor[0]
         return {"address": device["address"], "kind": device.get("kind"), "node": device["node"]}
 
-    def _gpu_part(
-        self, p, fit: Fit, environment: dict, warnings: list, extra: Optional[dict] = None
-    ) -> tuple:
+    def _gpu_part(self, p, fit: Fit, environment: dict, warnings: list, extra: dict) -> tuple:
         """GPU entries, CUDA_VISIBLE_DEVICES and MPS settings of a placement that has GPUs;
         ``extra`` gets the plan entry's optional keys (``device_allow``)."""
         gpus_out, devices, mps_out = self._commit_gpus(p, fit)
         if any(g.amd is not None for g in fit.gpus):
-            return self._amd_part(
-                p, fit, gpus_out, devices, environment, warnings, {} if extra is None else extra
-            )
+            return self._amd_part(p, fit, gpus_out, devices, environment, warnings, extra)
         visible = ",".join(devices) if all(devices) else ""
         if any(g.vendor == "nvidia" or (g.uuid or "").startswith("GPU-") for g in fit.gpus):
             environment["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
@@ -377,7 +372,7 @@ class GpuChoice:
         nvidia = [device for entry, device, dummy in pairs if "partition" not in entry]
         waits = None
         slot = fit.mig if p.partition is not None else None
-        shared = shared_uuids(self.state.gpus)
+        shared = self.state.shared_uuids
         unusable = [
             (entry, device, gpu)
             for entry, device, gpu in amd

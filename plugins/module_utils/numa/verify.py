@@ -82,6 +82,7 @@ from typing import Any, Optional
 from .cpulist import format_cpulist
 from .effective import CPU_PROPERTIES, MEM_PROPERTIES, UNREADABLE, escape_text, fix_text, shown
 from .errors import NumaTuneError, VerifyError
+from .gpu_amd import logical_uuid_counts
 from .units import DEFAULT_MANIFEST_PATH, render_files, unit_of
 
 SCHEMA = "numafleet.verify/1"
@@ -1665,17 +1666,6 @@ def _uuid_owners(gpus: list) -> dict:
     return owners
 
 
-def _logical_counts(gpus: list) -> dict:
-    """{UUID (lower case): how many logical GPUs carry it} over every AMD GPU of the facts."""
-    counts: dict = {}
-    for gpu in gpus:
-        for logical in gpu["amd"].get("logical_gpus") or ():
-            if isinstance(logical, dict) and logical.get("uuid"):
-                uuid = str(logical["uuid"]).lower()
-                counts[uuid] = counts.get(uuid, 0) + 1
-    return counts
-
-
 def _render_owners(gpus: list) -> dict:
     """{/dev/dri/renderD<minor>: the GPU entry} of every AMD GPU and each of its logical GPUs."""
     owners = {}
@@ -1724,7 +1714,7 @@ def partition_checks(host: str, plan, gpu_topology) -> list[Check]:
         if isinstance(entry, dict):
             _check_partition_modes(out, entry, by_address.get(str(entry.get("address"))))
     owners = _uuid_owners(gpus)
-    counts = _logical_counts(gpus)
+    counts = logical_uuid_counts(gpu["amd"] for gpu in gpus)
     renders = _render_owners(gpus)
     for placement in plan.get("placements") or ():
         if not isinstance(placement, dict):
