@@ -56,7 +56,7 @@ from typing import Callable, NamedTuple, Optional
 
 from .backends import Way, pick_backend
 from .errors import NumaTuneError
-from .gpu_amd import MI300_COMPATIBLE
+from .gpu_amd import MI300_COMPATIBLE, render_node
 from .mig_holders import KIND_PROCESS, Holder, open_devices, process_ids, read_comm
 
 COMPUTE_MODES = ("SPX", "DPX", "TPX", "QPX", "CPX")
@@ -145,7 +145,7 @@ def read_dri_nodes(sysfs_root: str) -> dict:
             if len(parts) == 2 and parts[0] == "drm_render_minor" and parts[1].isdigit():
                 minor = int(parts[1])
         if address and minor:
-            nodes.setdefault(address, set()).add(f"{DRI}renderD{minor}")
+            nodes.setdefault(address, set()).add(render_node(minor))
     pci = os.path.join(sysfs_root, "bus", "pci", "devices")
     try:
         devices = os.listdir(pci)

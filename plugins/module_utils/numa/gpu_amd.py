@@ -66,6 +66,12 @@ def gpu_uuid(unique_id: Optional[int]) -> Optional[str]:
     return f"GPU-{unique_id & 0xFFFFFFFFFFFFFFFF:016x}"
 
 
+def render_node(minor: int) -> str:
+    """The device path of DRM render minor ``minor`` (``/dev/dri/renderD<minor>``), the node a
+    logical GPU's KFD ``drm_render_minor`` names."""
+    return f"/dev/dri/renderD{minor}"
+
+
 def logical_uuid_counts(records) -> dict:
     """{UUID (lower case): how many logical GPUs carry it} over ``records``, the ``amd`` records
     of a host's GPUs. More than one: the driver gave the logical GPUs of a partitioned GPU the

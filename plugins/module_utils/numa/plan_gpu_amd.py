@@ -30,11 +30,6 @@ MPS_NOT_AMD = "MPS is NVIDIA only; use partition: cpx to share an AMD GPU"
 KFD_DEVICE = "/dev/kfd"
 
 
-def render_node(minor: int) -> str:
-    """The device path of DRM render minor ``minor`` (``/dev/dri/renderD<minor>``)."""
-    return f"/dev/dri/renderD{minor}"
-
-
 def shared_uuids(gpus) -> set:
     """The UUIDs (lower case) more than one logical GPU of the host carries
     (gpu_amd.logical_uuid_counts); ``gpus``: the planner's Gpu records."""

@@ -12,6 +12,7 @@ from typing import Optional
 
 from .cpulist import format_cpulist
 from .errors import PlacementError
+from .gpu_amd import render_node
 from .placements import GPU_SHORT_ADDRESS
 from .plan_common import (
     KNOWN_DEVICES_SHOWN,
@@ -26,7 +27,6 @@ from .plan_gpu_amd import (
     KFD_DEVICE,
     commit_slot,
     partition_out,
-    render_node,
     waits_for_partition,
 )
 from .plan_gpu_partitions import PENDING_FIX, pending_text, waits_for_instance

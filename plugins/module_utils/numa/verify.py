@@ -82,7 +82,7 @@ from typing import Any, Optional
 from .cpulist import format_cpulist
 from .effective import CPU_PROPERTIES, MEM_PROPERTIES, UNREADABLE, escape_text, fix_text, shown
 from .errors import NumaTuneError, VerifyError
-from .gpu_amd import logical_uuid_counts
+from .gpu_amd import logical_uuid_counts, render_node
 from .units import DEFAULT_MANIFEST_PATH, render_files, unit_of
 
 SCHEMA = "numafleet.verify/1"
@@ -1678,7 +1678,7 @@ def _render_owners(gpus: list) -> dict:
         ]
         for minor in minors:
             if isinstance(minor, int):
-                owners[f"/dev/dri/renderD{minor}"] = gpu
+                owners[render_node(minor)] = gpu
     return owners
 
 
