@@ -351,6 +351,20 @@ PLACEMENT_KEYS = (
         type_text="int or str",
         default_text="none (systemd's DefaultTasksMax=)",
     ),
+    Key(
+        "priority",
+        "str",
+        None,
+        "high, normal or low. high writes MemoryLow=<memory> (cgroup memory.low: the budget, "
+        "hugepages not included, is protected from reclaim while other cgroups have reclaimable "
+        "memory) and the same amount into the MemoryLow= of the slices above the unit "
+        "(numafleet-<tenant>.slice and numafleet.slice), without which the kernel caps the "
+        "protection at 0; needs memory:. The runtime memory guard throttles and reclaims low "
+        "placements first and never high ones; normal and low write nothing. Changing to or "
+        "from high restarts the unit.",
+        choices=("high", "normal", "low"),
+        default_text="the tenant's priority, else normal",
+    ),
 )
 TENANT_KEYS = (
     Key(
@@ -375,6 +389,15 @@ TENANT_KEYS = (
         None,
         "Description= of the slice, one line.",
         default_text="numafleet tenant <name>",
+    ),
+    Key(
+        "priority",
+        "str",
+        None,
+        "high, normal or low: the priority of the tenant's placements that set none (see the "
+        "placement key priority).",
+        choices=("high", "normal", "low"),
+        default_text="none (its placements default to normal)",
     ),
 )
 HUGEPAGES_EXTRA_KEYS = (

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from . import limits, mps, units
+from . import limits, mps, priority, units
 from .cpulist import format_cpulist
 from .partition import is_manager_file
 from .planner import placement_text, waits_text
@@ -188,6 +188,20 @@ def _managed_units(paths) -> list:
 
 def _set_text(values) -> str:
     return format_cpulist(sorted(values)) or "none"
+
+
+def _placement_reasons(old_plan: Optional[dict], new_plan: dict, restarted) -> dict:
+    """{unit: why} of restarted placements whose limits or priority change (both: joined by
+    '; '), in the order of the new plan's placements."""
+    by_limits = limits.restart_reasons(old_plan, new_plan, restarted)
+    by_priority = priority.restart_reasons(old_plan, new_plan, restarted)
+    reasons = {}
+    for entry in new_plan.get("placements") or ():
+        unit = entry.get("unit")
+        parts = [why for why in (by_limits.get(unit), by_priority.get(unit)) if why]
+        if parts:
+            reasons[unit] = "; ".join(parts)
+    return reasons
 
 
 def daemon_restart_reasons(old_plan: Optional[dict], new_plan: dict, restarted) -> dict:
@@ -424,8 +438,8 @@ def change_plan(
             # Why an MPS daemon restarts (its clients then restart through Requires=).
             "restart_reasons": {
                 **daemon_restart_reasons(old_plan, new_plan, set(restart_units) | set(via_restart)),
-                # A placement whose limits (MemoryMax=, CPUWeight=...) change.
-                **limits.restart_reasons(old_plan, new_plan, set(restart_units) | set(try_restart)),
+                # A placement whose limits (MemoryMax=, CPUWeight=...) or priority change.
+                **_placement_reasons(old_plan, new_plan, set(restart_units) | set(try_restart)),
             },
         },
         "mig": mig,

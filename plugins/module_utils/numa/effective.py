@@ -160,6 +160,8 @@ SHOW_PROPERTIES = (
     "MemoryHigh",
     "CPUWeight",
     "IOWeight",
+    # MemoryLow= of a high placement and of the slices above it (priority.py); shown in bytes.
+    "MemoryLow",
 )
 SHOW_SOURCE = "systemctl show"
 _DEV_NULL = "/dev/null"

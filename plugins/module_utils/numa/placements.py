@@ -18,6 +18,7 @@ from .cpulist import parse_cpulist
 from .errors import CpulistError, PlacementError
 from .frozen import frozen_builder
 from .limits import Limits, parse_limits
+from .priority import DEFAULT_PRIORITY, parse_priority, resolve
 
 PLACEMENT_KEYS = (
     "name",
@@ -44,8 +45,10 @@ PLACEMENT_KEYS = (
     "cpu_weight",
     "io_weight",
     "tasks_max",
+    # high | normal | low (priority.py): MemoryLow= for high, the memory guard's order.
+    "priority",
 )
-TENANT_KEYS = ("name", "memory_max", "description")
+TENANT_KEYS = ("name", "memory_max", "description", "priority")
 HUGEPAGE_KEYS = ("size", "count")
 HUGEPAGES_EXTRA_KEYS = ("node", "size", "count")
 MIG_GPU_KEYS = ("gpu", "mode", "layout")
@@ -177,6 +180,8 @@ class Placement:
     # AMD compute partition mode (DPX/TPX/QPX/CPX, upper case): one logical GPU (XCP) of an AMD
     # GPU in that mode; None: whole GPUs (gpus:) or a MIG instance (mig_profile).
     partition: Optional[str] = None
+    # high, normal or low: its own priority:, else its tenant's, else normal (priority.py).
+    priority: str = DEFAULT_PRIORITY
 
     @property
     def where(self) -> str:
@@ -235,6 +240,7 @@ class Tenant:
     name: str
     memory_max_kb: Optional[int]
     description: str
+    priority: Optional[str] = None  # None: not set (its placements then default to normal)
 
 
 @dataclass(frozen=True)
@@ -632,7 +638,7 @@ def _not_text_name(host: str, here: str, name, example: str) -> PlacementError:
     return _fail(host, f"{here}.name: {name!r} is not a string; write a name such as {example}")
 
 
-def _placement(host: str, index: int, entry, tenants: set) -> Placement:
+def _placement(host: str, index: int, entry, tenants: dict) -> Placement:
     here = f"{PLACEMENTS_VAR}[{index}]"
     if not isinstance(entry, dict):
         raise _fail(host, f"{here}: {entry!r} is not a mapping; write name:, exec: and cpus:")
@@ -660,6 +666,7 @@ def _placement(host: str, index: int, entry, tenants: set) -> Placement:
             f"{where}.tenant: {tenant!r} is not in {TENANTS_VAR} ({known}); "
             f"add it to {TENANTS_VAR} or fix the name",
         )
+    own_priority = parse_priority(host, where, entry.get("priority"))
     exec_text, argv, unit, user, group = _identity(host, where, entry)
     description = entry.get("description")
     if description is None:
@@ -678,6 +685,13 @@ def _placement(host: str, index: int, entry, tenants: set) -> Placement:
         memory_kb = parse_size_kb(memory)
         if memory_kb is None or 0 < memory_kb < _MIB_KB:
             memory_kb = _size(host, where, "memory", memory)  # raises the message
+    if own_priority == "high" and not memory_kb:
+        raise _fail(
+            host,
+            f"{where}.priority: high protects the placement's memory budget from reclaim "
+            "(MemoryLow=), and this placement has no memory:; add memory: (e.g. memory: 64G), "
+            "or write priority: normal",
+        )
     mig_profile = entry.get("mig_profile")
     if mig_profile is not None:
         if not isinstance(mig_profile, str) or not mig_profile.strip():
@@ -733,6 +747,7 @@ def _placement(host: str, index: int, entry, tenants: set) -> Placement:
         hardening=None if hardening is None else _bool(host, where, "hardening", hardening, None),
         limits=parse_limits(host, where, entry, memory_kb),
         partition=partition,
+        priority=resolve(own_priority, None if tenant is None else tenants[tenant]),
     )
 
 
@@ -823,7 +838,8 @@ def parse_tenants(host: str, raw) -> list:
         if description is None:
             description = f"numafleet tenant {name}"
         _check_text(host, where, "description", description)
-        tenants.append(Tenant(index, name, memory_max_kb, description))
+        priority = parse_priority(host, where, entry.get("priority"))
+        tenants.append(Tenant(index, name, memory_max_kb, description, priority))
     return tenants
 
 
@@ -833,7 +849,7 @@ def parse_placements(host: str, raw, tenants: list) -> list:
         return []
     if not isinstance(raw, list):
         raise _fail(host, f"{PLACEMENTS_VAR} must be a list of placements (name:, exec:, cpus:)")
-    names = {tenant.name for tenant in tenants}
+    names = {tenant.name: tenant.priority for tenant in tenants}
     placements: list = []
     seen: dict = {}
     units: dict = {}

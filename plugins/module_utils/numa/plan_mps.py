@@ -6,6 +6,7 @@ Room on a GPU for an MPS client, and the plan's MPS daemons (mps_daemons).
 
 from __future__ import annotations
 
+from . import priority
 from .errors import PlacementError
 from .placements import format_kb
 from .plan_common import int_list, size_text
@@ -111,7 +112,8 @@ def daemon_details(
     state: Host,
     recorded_daemons=None,
 ) -> None:
-    """Add unit, instance, node, CPUs, memory nodes, user and limits to each MPS daemon entry.
+    """Add unit, instance, node, CPUs, memory nodes, user, limits and priority (the highest of
+    its clients, key only when not normal) to each MPS daemon entry.
 
     A daemon serves its clients only when they run as the user it runs as (its pipe directory is
     0700), so the clients of one daemon must share one user; raises PlacementError otherwise.
@@ -176,4 +178,8 @@ def daemon_details(
                 "group": clients[0]["group"],
                 "pinned_memory_limit_kb": max(pinned) if pinned else None,
             }
+        )
+        # The highest priority of its clients (key only when not normal, as on placements).
+        priority.add_to_entry(
+            daemon, priority.highest(c.get("priority", "normal") for c in clients)
         )

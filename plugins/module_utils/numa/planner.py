@@ -13,7 +13,7 @@ from itertools import chain
 from operator import itemgetter
 from typing import Optional
 
-from . import limits
+from . import limits, priority
 from .cpulist import format_cpulist
 from .errors import PlacementError
 from .partition import plan_partition
@@ -243,7 +243,11 @@ class _Planner(GpuChoice, CpuMemoryFit, MigChecks, AmdChecks, MpsChecks, KeepRec
             "warnings": warnings,
         }
         entry.update(extra)
-        return limits.add_to_entry(entry, p.limits, p.memory_kb)
+        limits.add_to_entry(entry, p.limits, p.memory_kb)
+        note = priority.warning(p.name, p.priority, p.memory_kb)
+        if note is not None:
+            warnings.append(note)
+        return priority.add_to_entry(entry, p.priority)
 
     @staticmethod
     def _shared_core(group: tuple, owners: tuple, warnings: list) -> None:

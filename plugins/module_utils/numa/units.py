@@ -19,7 +19,7 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Optional
 
-from . import files, limits, partition
+from . import files, limits, partition, priority
 from .cpulist import format_cpulist
 from .errors import UnitFileError, UnitRenderError
 
@@ -615,6 +615,7 @@ def _placement_entries(
     service.extend(_device_entries(placement, where, dropin))
     service.append(("LimitMEMLOCK", "infinity"))
     service.extend(limits.service_entries(placement, where))  # MemoryMax=, CPUWeight=...
+    service.extend(priority.service_entries(placement, where))  # MemoryLow= of a high one
     return unit_entries, service
 
 
@@ -650,7 +651,9 @@ def _render_service(
     )
 
 
-def _render_slice(tenant: dict, where: str, header: list[str]) -> str:
+def _render_slice(
+    tenant: dict, where: str, header: list[str], memory_low: Optional[int] = None
+) -> str:
     name = _get(tenant, "name", (str,), where)
     description = _get(tenant, "description", (str,), where, required=False)
     text = description or f"numafleet tenant {name}"
@@ -669,8 +672,17 @@ def _render_slice(tenant: dict, where: str, header: list[str]) -> str:
         if memory_max_kb < 0:
             raise UnitRenderError(f"{where}.memory_max_kb is {memory_max_kb}, below 0; {_REPLAN}")
         entries.append(("MemoryMax", str(memory_max_kb * 1024)))
+    if memory_low is not None:  # the budgets of its high placements (priority.py)
+        entries.append(("MemoryLow", str(memory_low)))
     unit = [("Description", escape_specifiers(text, f"{where}.description"))]
     return unit_document(header, [("Unit", unit), ("Slice", entries)])
+
+
+def _render_top_slice(memory_low: int, header: list[str]) -> str:
+    """numafleet.slice, written only while a high placement needs its MemoryLow= (a unit's
+    memory.low is effective only up to what every ancestor slice grants; priority.py)."""
+    unit = [("Description", "numafleet placements")]
+    return unit_document(header, [("Unit", unit), ("Slice", [("MemoryLow", str(memory_low))])])
 
 
 def _host_prefix(plan: dict) -> str:
@@ -747,13 +759,21 @@ def _render_files(
                 f"{where}.unit_kind is {kind!r}, not service or dropin; {_REPLAN}"
             )
     tenants = _get(plan, "tenants", (list,), "plan", required=False) or []
+    protected = priority.slice_memory_low(placements)
     for index, tenant in enumerate(tenants):
         name = tenant.get("name") if isinstance(tenant, dict) else None
         where = f"plan tenants[{index}] ({name})" if name else f"plan tenants[{index}]"
         if not _get(tenant, "placements", (list,), where, required=False):
             continue
         unit = check_unit_name(_get(tenant, "slice", (str,), where), ".slice", f"{where}.slice")
-        add(posixpath.join(unit_dir, unit), _render_slice(tenant, where, lines), where)
+        text = _render_slice(tenant, where, lines, protected.get(unit))
+        add(posixpath.join(unit_dir, unit), text, where)
+    if priority.TOP_SLICE in protected:
+        add(
+            posixpath.join(unit_dir, priority.TOP_SLICE),
+            _render_top_slice(protected[priority.TOP_SLICE], lines),
+            "plan placements (priority high)",
+        )
     # The housekeeping partition's drop-ins (system.slice, user.slice, init.scope) and the
     # system.conf.d one beside unit_dir: only when the plan has a partition key.
     for path, text in partition.render_partition(plan, lines, unit_dir).items():
