@@ -445,6 +445,9 @@ ansible_facts:
               into its unit, each only when set - C(memory_max_bytes) (C(MemoryMax=)),
               C(memory_high_bytes) (C(MemoryHigh=)), C(cpu_weight), C(io_weight) (ints) and
               C(tasks_max) (a string - a count, V(25%) or V(infinity)).
+            - C(priority), only on a placement that is not V(normal), is V(high) or V(low) (its own
+              C(priority), else its tenant's). A V(high) placement's unit gets C(MemoryLow=) of
+              its C(memory_kb) in bytes, and the slices above it the sum of those under them.
             - C(near) is the PCI device the placement is anchored on (C(address), C(kind),
               C(node)), or V(null) without C(near).
             - C(waits_for) is V(null), or, for a placement whose MIG instance does not exist yet,
@@ -524,6 +527,7 @@ ansible_facts:
               so that one client's change does not change the daemon), C(user) and C(group) (its clients',
               which must agree), C(active_thread_percentage) and C(pinned_memory_limit_kb) (the largest of its
               clients').
+            - C(priority), only when it is not V(normal), is the highest C(priority) of its clients.
           type: list
           elements: dict
         mig_gpus:

@@ -359,9 +359,9 @@ PLACEMENT_KEYS = (
         "hugepages not included, is protected from reclaim while other cgroups have reclaimable "
         "memory) and the same amount into the MemoryLow= of the slices above the unit "
         "(numafleet-<tenant>.slice and numafleet.slice), without which the kernel caps the "
-        "protection at 0; needs memory:. The runtime memory guard throttles and reclaims low "
-        "placements first and never high ones; normal and low write nothing. Changing to or "
-        "from high restarts the unit.",
+        "protection at 0; needs memory:. normal and low write nothing; low placements are the "
+        "first a runtime memory guard throttles (not shipped yet), high ones never. Changing to "
+        "or from high restarts the unit.",
         choices=("high", "normal", "low"),
         default_text="the tenant's priority, else normal",
     ),

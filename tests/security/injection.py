@@ -216,6 +216,7 @@ FIELDS = (
     Field("placement.tenant", "numafleet_placements", _set((*P0, "tenant"))),
     Field("placement.memory_limit", "numafleet_placements", _set((*P0, "memory_limit"))),
     Field("placement.tasks_max", "numafleet_placements", _set((*P0, "tasks_max"))),
+    Field("placement.priority", "numafleet_placements", _set((*P0, "priority"))),
     Field(
         "placement.gpus",
         "numafleet_placements",
@@ -239,6 +240,7 @@ FIELDS = (
         "tenant_desc",
     ),
     Field("tenant.memory_max", "numafleet_tenants", _set(("numafleet_tenants", 0, "memory_max"))),
+    Field("tenant.priority", "numafleet_tenants", _set(("numafleet_tenants", 0, "priority"))),
     Field("reserved_cpus", "numafleet_reserved_cpus", _kernel_choice("numafleet_reserved_cpus")),
     Field(
         "hugepages_mounts.path",

@@ -140,6 +140,8 @@ COVERED_BY = {
     "numafleet_amd_backend": "amd_backend",
     "numafleet_placements.memory_limit": "placement.memory_limit",
     "numafleet_placements.tasks_max": "placement.tasks_max",
+    "numafleet_placements.priority": "placement.priority",
+    "numafleet_tenants.priority": "tenant.priority",
     "numafleet_gpu_settings.gpu": "gpu_settings.gpu",
     "numafleet_gpu_settings.compute_mode": "gpu_settings.compute_mode",
     "numafleet_gpu_settings.application_clocks": "gpu_settings.application_clocks",
