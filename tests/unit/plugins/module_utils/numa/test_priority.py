@@ -9,6 +9,8 @@ from __future__ import annotations
 import copy
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from synthetic_hosts import synthetic, synthetic_gpu
 
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa import (
@@ -106,6 +108,29 @@ def test_a_bad_placement_priority_is_refused_naming_host_variable_and_values(val
         f"host h: numafleet_placements[0] (a).priority: {value!r} is not a priority; write one "
         "of high, normal, low (default normal"
     )
+
+
+VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=True),
+    st.text(max_size=8),
+    st.sampled_from(["high", "normal", "low", "HIGH", "Low", "high ", "medium"]),
+    st.lists(st.sampled_from(["high", "low"]), max_size=2),
+)
+
+
+@given(VALUES)
+def test_parse_priority_takes_the_three_names_and_refuses_everything_else(value):
+    if value is None:
+        assert priority.parse_priority("h", "w", value) is None
+    elif isinstance(value, str) and value in priority.PRIORITIES:
+        assert priority.parse_priority("h", "w", value) == value
+    else:
+        with pytest.raises(PlacementError) as err:
+            priority.parse_priority("h", "w", value)
+        assert str(err.value).startswith(f"host h: w.priority: {value!r} is not a priority")
 
 
 def test_a_bad_tenant_priority_is_refused_naming_the_tenant():
