@@ -116,9 +116,11 @@ def slice_memory_low(placements: list) -> dict:
         low = memory_low_bytes(entry, f"plan placements[{index}]")
         if low is None:
             continue
-        for name in {entry.get("slice"), TOP_SLICE}:
-            if isinstance(name, str):
-                sums[name] = sums.get(name, 0) + low
+        slices = [TOP_SLICE]
+        if isinstance(entry.get("slice"), str) and entry["slice"] != TOP_SLICE:
+            slices.append(entry["slice"])
+        for name in slices:
+            sums[name] = sums.get(name, 0) + low
     return sums
 
 
