@@ -141,3 +141,8 @@ class MigBackendError(MigError):
 class GpuSettingsError(NumaTuneError):
     """A GPU baseline setting (persistence, compute mode, clocks, power limit) cannot be applied:
     bad input, a busy GPU, a refused NVML or nvidia-smi call, or a read-back that differs."""
+
+
+class GuardError(NumaTuneError):
+    """The memory guard cannot work with its input (plan placements, thresholds, saved state);
+    names the value and the fix."""
