@@ -106,12 +106,13 @@ sanity: setup
 	.ci/ansible-test sanity $(ANSIBLE_TEST_ARGS)
 
 # Layer 3; not part of `make test` (about 40 minutes on 2 cores; run it on an otherwise idle machine).
-# Each script exits 1 when a target is missed; all three run, and make fails at the end if any did.
+# Each script exits 1 when a target is missed; all of them run, and make fails at the end if any did.
 bench: setup
 	rc=0; \
 	$(BIN)/python benchmarks/facts.py || rc=1; \
 	$(BIN)/python benchmarks/planner.py || rc=1; \
 	$(BIN)/python benchmarks/fleet.py || rc=1; \
+	$(BIN)/python benchmarks/guard_round.py || rc=1; \
 	exit $$rc
 
 # Layer 5, on a real NVIDIA GPU host (not part of `make test`; no venv: it runs under the host's
