@@ -746,9 +746,9 @@ def decide(
                 if memory.high_bytes is not None:
                     base = min(base, memory.high_bytes)
                 new_high = max(base - amount, t.min_high_bytes)
-                if memory.high_bytes is not None and new_high >= memory.high_bytes:
-                    continue  # already at the floor
-                amount = max(base - new_high, 0)
+                amount = base - new_high
+                if amount <= 0:
+                    continue  # at or under the floor already: nothing to take from it
                 action = Action(
                     node.id,
                     "throttle",

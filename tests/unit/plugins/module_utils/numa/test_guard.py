@@ -365,3 +365,25 @@ def test_textfile_escapes_label_values():
     assert 'numafleet_placement_offnode_share_ratio{placement="a\\"b\\\\c\\nd"} 0.5' in text
     for line in text.splitlines():
         assert line.startswith("#") or SAMPLE.match(line)
+
+
+def test_throttle_skips_a_placement_already_under_the_floor_and_takes_the_next():
+    specs = (
+        guard.PlacementSpec("small", "s.service", "numafleet.slice", (0,), 0, "low"),
+        guard.PlacementSpec("big", "b.service", "numafleet.slice", (0,), 0, "normal"),
+    )
+    memories = (
+        guard.PlacementMemory(
+            "small", "numafleet.slice/s.service", True, 32 * MIB, None, 0, ((0, 32 * MIB),), ()
+        ),
+        guard.PlacementMemory(
+            "big", "numafleet.slice/b.service", True, 900 * MIB, None, 0, ((0, 900 * MIB),), ()
+        ),
+    )
+    node = guard.NodeMemory(0, 1_000_000, 50_000, 0)  # 95% used
+    thresholds = guard.Thresholds(mode="throttle", act_rounds=1, min_high_bytes=64 * MIB)
+    decision = guard.decide((node,), memories, specs, guard.GuardState(), thresholds)
+    (action,) = decision.actions
+    assert (action.placement, action.action) == ("big", "throttle")
+    assert action.amount_bytes == 900 * MIB - int(action.value) > 0
+    assert dict(decision.state.throttled) == {"big": (0, None)}
