@@ -387,3 +387,42 @@ def test_throttle_skips_a_placement_already_under_the_floor_and_takes_the_next()
     assert (action.placement, action.action) == ("big", "throttle")
     assert action.amount_bytes == 900 * MIB - int(action.value) > 0
     assert dict(decision.state.throttled) == {"big": (0, None)}
+
+
+def test_low_goes_before_normal_and_normal_takes_what_is_left():
+    specs = tuple(
+        guard.PlacementSpec(name, f"{name}.service", "numafleet.slice", (0,), 0, priority)
+        for name, priority in (("hi", "high"), ("lo", "low"), ("mid", "normal"))
+    )
+    memories = tuple(
+        guard.PlacementMemory(
+            name, f"numafleet.slice/{name}.service", True, size, None, 0, ((0, size),), ()
+        )
+        for name, size in (("hi", 500 * MIB), ("lo", 10 * MIB), ("mid", 500 * MIB))
+    )
+    node = guard.NodeMemory(0, 1_000_000, 50_000, 0)  # 95% used: 5% of 1e6 kB over act
+    thresholds = guard.Thresholds(act_rounds=1)
+    decision = guard.decide((node,), memories, specs, guard.GuardState(), thresholds)
+    excess = 950_000 * 1024 - int(1_000_000 * 1024 * 0.9)
+    assert [(a.placement, a.amount_bytes) for a in decision.actions] == [
+        ("lo", 10 * MIB),
+        ("mid", excess - 10 * MIB),
+    ]
+    small_step = guard.Thresholds(act_rounds=1, max_step_bytes=4 * MIB)
+    decision = guard.decide((node,), memories, specs, guard.GuardState(), small_step)
+    assert [(a.placement, a.amount_bytes) for a in decision.actions] == [("lo", 4 * MIB)]
+
+
+def test_sixteen_placements_on_disk_act_on_the_largest_low_one_of_the_hot_node(tmp_path):
+    root, plan = guard_trees.make("sixteen", tmp_path / "sixteen")
+    state = guard.GuardState()
+    for now in (0.0, 15.0):
+        result = _round(root, plan, state, now=now)
+        state = result.decision.state
+    assert result.warnings == ()
+    assert [m.running for m in result.placements] == [True] * 16
+    (action,) = result.decision.actions
+    assert (action.node, action.placement, action.action) == (1, "svc-15", "reclaim")
+    node1 = result.nodes[1]
+    assert action.amount_bytes == node1.used_kb * 1024 - int(node1.total_kb * 1024 * 0.9)
+    assert result.textfile.count("numafleet_placement_offnode_share_ratio{") == 16
