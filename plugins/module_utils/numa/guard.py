@@ -863,6 +863,77 @@ class Round:
     warnings: tuple
     textfile: str
 
+    def as_dict(self, specs: tuple) -> dict:
+        """JSON-ready report of the round (kB for nodes, bytes for cgroups; node ids as strings).
+
+        Keys: nodes [{id, total_kb, free_kb, file_kb, used_kb, used_ratio, hugepages [{size_kb,
+        total, free}]}], placements [{name, priority, mems, cgroup, running, current_bytes,
+        high_bytes, low_bytes, bytes_by_node, offnode_share}], actions [Action fields],
+        events [{node, level, previous, ratio, top_users}], warnings [{path, reason}], state.
+        """
+        by_spec = {s.name: s for s in specs}
+        placements = []
+        for memory in self.placements:
+            spec = by_spec.get(memory.name)
+            mems = spec.mems if spec else ()
+            placements.append(
+                {
+                    "name": memory.name,
+                    "priority": spec.priority if spec else None,
+                    "mems": list(mems),
+                    "cgroup": memory.cgroup,
+                    "running": memory.running,
+                    "current_bytes": memory.current_bytes,
+                    "high_bytes": memory.high_bytes,
+                    "low_bytes": memory.low_bytes,
+                    "bytes_by_node": {str(n): b for n, b in sorted(memory.bytes_by_node().items())},
+                    "offnode_share": memory.offnode_share(mems) if memory.running else None,
+                }
+            )
+        return {
+            "nodes": [
+                {
+                    "id": n.id,
+                    "total_kb": n.total_kb,
+                    "free_kb": n.free_kb,
+                    "file_kb": n.file_kb,
+                    "used_kb": n.used_kb,
+                    "used_ratio": n.used_ratio,
+                    "hugepages": [
+                        {"size_kb": p.size_kb, "total": p.total, "free": p.free}
+                        for p in n.hugepages
+                    ],
+                }
+                for n in self.nodes
+            ],
+            "placements": placements,
+            "actions": [
+                {
+                    "node": a.node,
+                    "action": a.action,
+                    "placement": a.placement,
+                    "path": a.path,
+                    "value": a.value,
+                    "amount_bytes": a.amount_bytes,
+                    "before": a.before,
+                    "reason": a.reason,
+                }
+                for a in self.decision.actions
+            ],
+            "events": [
+                {
+                    "node": e.node,
+                    "level": e.level,
+                    "previous": e.previous,
+                    "ratio": e.ratio,
+                    "top_users": [[name, value] for name, value in e.top_users],
+                }
+                for e in self.decision.events
+            ],
+            "warnings": [dict(w) for w in self.warnings],
+            "state": self.decision.state.as_dict(),
+        }
+
 
 def run_round(
     read: Reader,

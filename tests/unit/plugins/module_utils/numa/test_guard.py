@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import guard_trees
@@ -426,3 +427,19 @@ def test_sixteen_placements_on_disk_act_on_the_largest_low_one_of_the_hot_node(t
     node1 = result.nodes[1]
     assert action.amount_bytes == node1.used_kb * 1024 - int(node1.total_kb * 1024 * 0.9)
     assert result.textfile.count("numafleet_placement_offnode_share_ratio{") == 16
+
+
+def test_round_report_is_json_ready_and_complete(guest):
+    root, plan = guest
+    state = guard.GuardState()
+    for dummy in range(2):
+        result = _round(root, plan, state)
+        state = result.decision.state
+    report = json.loads(json.dumps(result.as_dict(guard.parse_placements(plan))))
+    assert [n["id"] for n in report["nodes"]] == [0, 1]
+    assert report["nodes"][1]["hugepages"][0] == {"size_kb": 2048, "total": 48, "free": 16}
+    high = [p for p in report["placements"] if p["name"] == "kv-high"][0]
+    assert (high["priority"], high["mems"], high["low_bytes"]) == ("high", [1], 600 * MIB)
+    assert high["bytes_by_node"] == {"0": 6 * MIB, "1": 600 * MIB}
+    assert [(a["action"], a["placement"]) for a in report["actions"]] == [("reclaim", "kv-low")]
+    assert report["state"]["over_rounds"] == {"0": 0, "1": 2}
