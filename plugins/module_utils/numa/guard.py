@@ -22,7 +22,8 @@ Documentation/ABI/stable/sysfs-devices-node):
   ``a-b.slice`` inside ``a.slice``; see ``slice_path``):
   ``memory.current`` (bytes, this cgroup and its descendants), ``memory.high`` / ``memory.low``
   (bytes or ``max``), ``memory.numa_stat`` (lines ``<type> N0=<bytes> N1=<bytes> ...``, bytes
-  per node, Linux >= 5.11; only ``anon`` and ``file`` are used: new types can appear anywhere).
+  per node; added by kernel commit 5f9a4f4a7096 in 2020, present in the guest's 6.1; only
+  ``anon`` and ``file`` are used: new types can appear anywhere).
   Hugetlb pages are not in memory.current unless cgroup2 is mounted with
   memory_hugetlb_accounting, and not in numa_stat's anon/file: the off-node share here is of
   anonymous + file (page cache) bytes.
