@@ -443,3 +443,25 @@ def test_round_report_is_json_ready_and_complete(guest):
     assert high["bytes_by_node"] == {"0": 6 * MIB, "1": 600 * MIB}
     assert [(a["action"], a["placement"]) for a in report["actions"]] == [("reclaim", "kv-low")]
     assert report["state"]["over_rounds"] == {"0": 0, "1": 2}
+
+
+@pytest.mark.parametrize(
+    ("level", "previous", "priority", "words"),
+    [
+        ("warn", "ok", "4", "over the warn threshold; top users (bytes on the node): a=5,b=3"),
+        ("act", "warn", "4", "over the act threshold; top users (bytes on the node): a=5,b=3"),
+        (
+            "ok",
+            "warn",
+            "5",
+            "back below the warn threshold; top users (bytes on the node): a=5,b=3",
+        ),
+    ],
+)
+def test_event_journal_fields(level, previous, priority, words):
+    event = guard.Event(1, level, previous, 0.8234, (("a", 5), ("b", 3)))
+    fields = event.journal_fields()
+    assert fields["MESSAGE"] == f"numafleet-guard: NUMA node 1 memory 82.3% used, {words}"
+    assert (fields["PRIORITY"], fields["NUMAFLEET_RATIO"]) == (priority, "0.8234")
+    assert (fields["NUMAFLEET_LEVEL"], fields["NUMAFLEET_PREVIOUS_LEVEL"]) == (level, previous)
+    assert all(re.fullmatch(r"[A-Z][A-Z0-9_]*", key) for key in fields)

@@ -20,7 +20,7 @@ placement_st = st.fixed_dictionaries(
     {
         "priority": st.sampled_from(guard.PRIORITIES),
         "node": st.integers(0, 1),
-        "local_mib": st.integers(0, 900),
+        "local_mib": st.one_of(st.integers(0, 80), st.integers(0, 900)),  # small: under the floor
         "remote_mib": st.integers(0, 100),
         "running": st.booleans(),
         "high_mib": st.one_of(st.none(), st.integers(1, 1200)),
