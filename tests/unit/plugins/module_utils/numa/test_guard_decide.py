@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa import guard
@@ -67,13 +67,31 @@ def build(raw: list) -> tuple:
     return tuple(specs), tuple(memories)
 
 
+USED_ST = st.one_of(st.floats(0, 100), st.floats(85, 100))  # often over the act threshold
+UNDER_THE_FLOOR = {
+    "priority": "low",
+    "node": 1,
+    "local_mib": 10,
+    "remote_mib": 0,
+    "running": True,
+    "high_mib": None,
+}
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     raw=st.lists(placement_st, max_size=8),
-    used=st.tuples(st.floats(0, 100), st.floats(0, 100)),
+    used=st.tuples(USED_ST, USED_ST),
     rounds=st.integers(1, 4),
     thresholds=thresholds_st,
     reclaim_available=st.booleans(),
+)
+@example(
+    raw=[UNDER_THE_FLOOR],
+    used=(10.0, 99.0),
+    rounds=1,
+    thresholds=guard.Thresholds(mode="throttle", act_rounds=1, min_high_bytes=64 * MIB),
+    reclaim_available=True,
 )
 def test_never_high_and_bounded_per_round(raw, used, rounds, thresholds, reclaim_available):
     specs, memories = build(raw)
