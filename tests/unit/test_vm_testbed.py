@@ -167,3 +167,20 @@ def test_scenario_timer_sees_molecule_actions(line, action):
 
     match = run_scenario._ACTION.search(run_scenario._ANSI.sub("", line))
     assert (match.group(1) or match.group(2) if match else None) == action
+
+
+def test_workload_grows_and_shrinks_to_the_grow_file(tmp_path):
+    target = tmp_path / "target.mib"
+    proc = _workload("--anon-mib", "8", "--grow-file", str(target))
+    try:
+        assert proc.stdout.readline() == "touched: anon_kb=8192 hugetlb_kb=0\n"
+        target.write_text("56\n")  # 8 MiB at start + three 16 MiB chunks
+        assert proc.stdout.readline() == "grown: anon_kb=57344\n"
+        with open(f"/proc/{proc.pid}/status") as status:
+            rss_kb = next(int(x.split()[1]) for x in status if x.startswith("RssAnon:"))
+        assert rss_kb >= 57344
+        target.write_text("24\n")
+        assert proc.stdout.readline() == "grown: anon_kb=24576\n"
+    finally:
+        proc.terminate()
+        proc.wait()
