@@ -94,7 +94,6 @@ CONFIG_VERSION = 1
 ACTS = ("reclaim", "throttle", "migrate")
 PREFLIGHT_MODES = ("enforce", "warn", "off")
 INTERVAL_RANGE = (1, 3600)
-SPILL_CLEAR_SHARE = 0.02
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 _SETTINGS = ("warn_pct", "act_pct", "act", "interval_s", "preflight", "textfile", "state_file")
 _FIX = "run site.yml (the memory_guard role writes this file from the plan)"
@@ -194,7 +193,8 @@ def parse_config(data, path: str = DEFAULT_CONFIG) -> Config:
         thresholds = guard.parse_thresholds(thresholds_in)
         specs = guard.parse_placements(data)
     except GuardError as exc:
-        raise _refuse(path, host, str(exc)) from None
+        text = str(exc)
+        raise _refuse(path, host, text if "run site.yml" in text else f"{text}; {_FIX}") from None
     interval = settings.get("interval_s", 15)
     low, high = INTERVAL_RANGE
     if (
@@ -429,15 +429,7 @@ def parse_saved(data) -> Saved:
     """Saved from the state file's JSON; raises GuardError (the caller starts afresh)."""
     state = guard.parse_state(data)
     try:
-        spilled = {
-            str(name): {
-                "from": [int(n) for n in v["from"]],
-                "to": [int(n) for n in v["to"]],
-                "since": float(v["since"]),
-                "bytes": int(v["bytes"]),
-            }
-            for name, v in data.get("spilled", {}).items()
-        }
+        spilled = guard.parse_spilled(data["spilled"]) if data.get("spilled") else {}
         written = {str(k): int(v) for k, v in data.get("throttle_written", {}).items()}
         last = data.get("last_run")
         last = None if last is None else float(last)
@@ -573,17 +565,18 @@ def _apply_migrate(action: guard.Action, host: Host, path: str) -> Applied:
         result = host.migrate(path, [action.node], [target])
     except (OSError, GuardError, ValueError, ImportError) as exc:
         return Applied(action, "failed", f"{path}: migrate_pages: {exc}")
-    pids = list(getattr(result, "pids", ()) or ())
-    errors = list(getattr(result, "errors", ()) or ())
-    not_moved = getattr(result, "not_moved_pages", 0) or 0
-    if errors and len(errors) >= max(len(pids), 1):
-        return Applied(action, "failed", f"migrate_pages: {'; '.join(map(str, errors))}")
-    detail = f"{len(pids)} process(es) moved from node {action.node} to node {target}"
-    if not_moved:
-        detail += f", {not_moved} page(s) not moved"
+    pids, errors = tuple(result.pids), tuple(result.errors)
+    if not pids:
+        return Applied(action, "skipped", f"{path}/cgroup.procs lists no process")
+    problems = "; ".join(f"pid {pid}: {message}" for pid, message in errors)
+    if len(errors) >= len(pids):
+        return Applied(action, "failed", problems)
+    detail = f"{len(pids) - len(errors)} process(es) moved from node {action.node} to node {target}"
+    if result.not_moved_pages:
+        detail += f", {result.not_moved_pages} page(s) not moved"
     if errors:
-        detail += f"; errors: {'; '.join(map(str, errors))}"
-    return Applied(action, "partial" if errors or not_moved else "ok", detail)
+        detail += f"; failed: {problems}"
+    return Applied(action, "partial" if errors or result.not_moved_pages else "ok", detail)
 
 
 def _reapplies(round_: guard.Round, state: guard.GuardState, written: dict, acted: set) -> list:
@@ -665,46 +658,17 @@ def settle(
     return state, written
 
 
-# --- spills ----------------------------------------------------------------------------------
+# --- spills (guard.record_spill, guard.clear_spills and guard.parse_spilled: the core's) -----
 
 
-def record_spill(spilled: dict, action: guard.Action, now: float) -> dict:
-    """spilled with the placement of a migrate action recorded (its first ``since`` kept)."""
-    out = dict(spilled)
-    before = out.get(action.placement, {})
-    out[action.placement] = {
-        "from": sorted(set(before.get("from", [])) | {action.node}),
-        "to": sorted(set(before.get("to", [])) | {int(action.value)}),
-        "since": before.get("since", now),
-        "bytes": int(before.get("bytes", 0)) + action.amount_bytes,
-    }
-    return out
-
-
-def clear_spills(spilled: dict, round_: guard.Round, specs: tuple, t: guard.Thresholds) -> tuple:
-    """(spilled, cleared names): a spill ends when every node it came from is under warn_pct -
-    release_margin_pct and the placement's off-node share is under 2 % (or it stopped)."""
+def _clear_spills(spilled: dict, round_: guard.Round, config: Config) -> tuple:
+    """(spilled, names whose spill ended this round)."""
     if not spilled:
-        return spilled, []
-    ratios = {n.id: n.used_ratio for n in round_.nodes}
-    memories = {m.name: m for m in round_.placements}
-    mems = {s.name: s.mems for s in specs}
-    out, cleared = {}, []
-    for name, entry in spilled.items():
-        memory = memories.get(name)
-        if name not in mems or memory is None or not memory.running:
-            cleared.append(name)
-            continue
-        calm = all(
-            ratios.get(n) is not None and ratios[n] * 100.0 < t.warn_pct - t.release_margin_pct
-            for n in entry["from"]
-        )
-        share = memory.offnode_share(mems[name])
-        if calm and (share is None or share < SPILL_CLEAR_SHARE):
-            cleared.append(name)
-        else:
-            out[name] = entry
-    return out, cleared
+        return spilled, ()
+    kept = guard.clear_spills(
+        spilled, round_.nodes, round_.placements, config.thresholds, config.specs
+    )
+    return kept, tuple(sorted(set(spilled) - set(kept)))
 
 
 # --- one round -------------------------------------------------------------------------------
@@ -768,8 +732,8 @@ def apply_round(config: Config, saved: Saved, host: Host) -> Outcome:
     spilled = dict(saved.spilled)
     for item in applied:
         if item.action.action == "migrate" and item.took_effect:
-            spilled = record_spill(spilled, item.action, now)
-    spilled, cleared = clear_spills(spilled, round_, config.specs, config.thresholds)
+            spilled = guard.record_spill(spilled, item.action, now)
+    spilled, cleared = _clear_spills(spilled, round_, config)
     text = guard.as_textfile(round_.nodes, round_.placements, config.specs, state, now)
     return Outcome(
         round_, tuple(applied), Saved(state, spilled, written, now), text, tuple(cleared)
