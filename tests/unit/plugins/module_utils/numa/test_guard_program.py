@@ -778,3 +778,32 @@ def test_preflight_delegates_with_the_parsed_config(tmp_path):
     s = _setup(tmp_path)
     code = gp.main(["preflight", "--mode", "warn", "--config", s.config_path, "nope"])
     assert code == 2  # an unknown placement is a usage/config error (decision 6)
+
+
+def test_a_migrate_round_moves_records_and_clears_the_spill(tmp_path):
+    if "migrate" not in guard.MODES or not hasattr(guard, "record_spill"):
+        pytest.skip("guard has no migrate mode or spill helpers yet (part C, h25-migrate)")
+    s = _setup(tmp_path, act="migrate")
+    calls = []
+
+    def migrate(cgroup_dir, from_nodes, to_nodes):
+        calls.append((cgroup_dir, from_nodes, to_nodes))
+        return FakeMigrateResult((4242,), 0, ())
+
+    s.host.migrate = migrate
+    program = s.program()
+    program.round()
+    outcome = program.round()
+    [item] = outcome.applied
+    assert (item.action.action, item.action.placement, item.result) == ("migrate", "kv-low", "ok")
+    assert calls == [(f"{s.host.cgroup_root}/{KV_LOW}", [1], [0])]
+    spill = outcome.saved.spilled["kv-low"]
+    assert (spill["from"], spill["to"], spill["since"]) == ([1], [0], 1015.0)
+    saved = json.loads(Path(tmp_path / "run" / "state.json").read_text())
+    assert saved["spilled"]["kv-low"]["to"] == [0]
+    text = Path(tmp_path / "textfile" / "numafleet_guard.prom").read_text()
+    assert 'numafleet_guard_actions_total{node="1",action="migrate",placement="kv-low"} 1.0' in text
+    s.set_node(1, 40.0)  # room again; kv-low's bytes are all on its planned node 1 in the tree
+    program.round()
+    assert program.saved.spilled == {}
+    assert any("kv-low is no longer spilled" in m for m in s.messages())
