@@ -853,9 +853,15 @@ def _parser() -> argparse.ArgumentParser:
 
     def common(p) -> None:
         p.add_argument("--config", default=DEFAULT_CONFIG, help="guard.json (%(default)s)")
-        p.add_argument("--sysfs-root", default="/sys", help=argparse.SUPPRESS)
-        p.add_argument("--cgroup-root", default="/sys/fs/cgroup", help=argparse.SUPPRESS)
-        p.add_argument("--journal-socket", default=JOURNAL_SOCKET, help=argparse.SUPPRESS)
+        p.add_argument("--sysfs-root", default="/sys", help="sysfs to read (%(default)s)")
+        p.add_argument(
+            "--cgroup-root", default="/sys/fs/cgroup", help="cgroup v2 root (%(default)s)"
+        )
+        p.add_argument(
+            "--journal-socket",
+            default=JOURNAL_SOCKET,
+            help="journal socket (%(default)s); absent or empty: one line per record on stderr",
+        )
 
     run = sub.add_parser("run", help="guard rounds until SIGTERM (the service)")
     common(run)
@@ -869,7 +875,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _preflight(rest: list, out, err) -> int:
+def _preflight(rest: list, err) -> int:
     """``guard_preflight.main(args, config)`` with the config the args name (``--config``)."""
     path = DEFAULT_CONFIG
     for index, word in enumerate(rest):
@@ -903,7 +909,7 @@ def main(argv: Optional[list] = None, host: Optional[Host] = None, stop=None, ou
     argv = list(sys.argv[1:] if argv is None else argv)
     out = out if out is not None else sys.stdout
     if argv[:1] == ["preflight"]:
-        return _preflight(argv[1:], out, sys.stderr)
+        return _preflight(argv[1:], sys.stderr)
     args = _parser().parse_args(argv)
     try:
         config = load_config(args.config)

@@ -632,7 +632,7 @@ def test_once_json_reports_the_round_and_what_was_applied(tmp_path, capsys):
     s = _setup(tmp_path)
     argv = ["once", "--config", s.config_path]
     assert gp.main(argv, host=s.host) == 0
-    capsys.readouterr()
+    assert capsys.readouterr().out == "node 0: 30.0% used (ok)\nnode 1: 92.0% used (act)\n"
     assert gp.main([*argv, "--json"], host=s.host) == 0
     report = json.loads(capsys.readouterr().out)
     assert [a["placement"] for a in report["actions"]] == ["kv-low"]
@@ -656,7 +656,7 @@ def _env() -> dict:
 
 
 def test_sigterm_ends_the_service_loop_cleanly(tmp_path):
-    s = _setup(tmp_path, interval_s=1)
+    s = _setup(tmp_path, interval_s=600)  # SIGTERM must end the wait, not the next round
     state = tmp_path / "run" / "state.json"
     code = (
         "import sys\n"
