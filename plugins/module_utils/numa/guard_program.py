@@ -18,8 +18,8 @@ Subcommands (``main(argv)``; exit 0 ok, 1 a failed preflight check, 2 a usage or
 - ``once --config PATH [--json]``: one round, applied, with the state and textfile written; the
   report (``Round.as_dict`` plus ``applied``) printed as JSON with ``--json``.
 - ``preflight [--mode enforce|warn] [--config PATH] <placement>``: the unit's start-up check,
-  ``guard_preflight.main(args, config)`` (args: the words after ``preflight``; config: the parsed
-  JSON file).
+  ``guard_preflight.main(args, None)`` (args: the words after ``preflight``; it reads the config
+  they name).
 - ``check-config [--config PATH]``: validate the config and print a one-line summary.
 
 Files:
@@ -876,24 +876,17 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _preflight(rest: list, err) -> int:
-    """``guard_preflight.main(args, config)`` with the config the args name (``--config``)."""
-    path = DEFAULT_CONFIG
-    for index, word in enumerate(rest):
-        if word == "--config" and index + 1 < len(rest):
-            path = rest[index + 1]
-        elif word.startswith("--config="):
-            path = word.split("=", 1)[1]
-    try:
-        config = read_config_json(path)
-    except GuardError as exc:
-        err.write(f"{IDENTIFIER} preflight: {exc}\n")
-        return EXIT_USAGE
+    """``guard_preflight.main(args, None)``: it parses its own words (``--mode``, ``--config``,
+    the placement) and reads the config they name."""
     try:
         preflight = importlib.import_module(".guard_preflight", __package__)
     except ImportError as exc:
-        err.write(f"{IDENTIFIER} preflight: not installed with this program ({exc})\n")
+        err.write(
+            f"{IDENTIFIER} preflight: not installed with this program ({exc}); run site.yml "
+            "(the memory_guard role installs it)\n"
+        )
         return EXIT_USAGE
-    return preflight.main(rest, config)
+    return preflight.main(rest, None)
 
 
 def _host(args, journal) -> Host:
