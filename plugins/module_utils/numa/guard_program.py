@@ -449,13 +449,16 @@ def load_saved(path: str, journal) -> Saved:
     except FileNotFoundError:
         return Saved()
     except (OSError, UnicodeDecodeError) as exc:
-        journal.send(_message(f"{path}: cannot be read ({exc}); starting afresh", 4))
-        return Saved()
-    try:
-        return parse_saved(json.loads(text))
-    except (ValueError, GuardError) as exc:
-        journal.send(_message(f"{path}: {exc}; starting afresh", 4, path=path))
-        return Saved()
+        why = f"cannot be read ({exc}); the guard starts afresh"
+    else:
+        try:
+            return parse_saved(json.loads(text))
+        except GuardError as exc:
+            why = str(exc)
+        except ValueError as exc:
+            why = f"not JSON ({exc}); the guard starts afresh"
+    journal.send(_message(f"{path}: {why}", 4, path=path))
+    return Saved()
 
 
 # --- applying --------------------------------------------------------------------------------

@@ -528,7 +528,8 @@ def test_a_bad_state_file_starts_afresh_with_a_warning(tmp_path, text):
     state.write_text(text, encoding="latin-1")
     program = s.program()
     assert program.saved == gp.Saved()
-    assert "starting afresh" in s.messages()[-1]
+    assert s.messages()[-1].startswith(f"numafleet-guard: {state}: ")
+    assert s.messages()[-1].endswith("starts afresh")
     assert s.journal.records[-1]["PRIORITY"] == "4"
     program.round()
     assert json.loads(state.read_text())["levels"] == {"0": "ok", "1": "act"}
