@@ -827,3 +827,17 @@ def test_a_migrate_round_moves_records_and_clears_the_spill(tmp_path):
     program.round()
     assert program.saved.spilled == {}
     assert any("kv-low is no longer spilled" in m for m in s.messages())
+
+
+def test_without_memory_reclaim_the_program_throttles(tmp_path):
+    s = _setup(tmp_path)
+    for path in Path(s.root, "sys", "fs", "cgroup").rglob("memory.reclaim"):
+        path.unlink()  # a kernel before 5.19
+    assert not gp.reclaim_available(s.host.cgroup_root, s.program().config.specs)
+    program = s.program()
+    program.round()
+    [item] = program.round().applied
+    assert (item.action.action, item.action.placement, item.result) == ("throttle", "kv-low", "ok")
+    assert s.cg(KV_LOW + "/memory.high").read_text() == f"{item.action.value}\n"
+    record = s.journal.records[-1]
+    assert (record["NUMAFLEET_BEFORE"], record["NUMAFLEET_AFTER"]) == ("max", item.action.value)
