@@ -152,6 +152,35 @@ def test_a_bad_config_is_refused_naming_file_host_variable_and_fix(tmp_path, cha
     assert "run site.yml" in message
 
 
+# The keys of a plan placement the memory_guard role writes into guard.json (decision 2).
+CONFIG_KEYS = {
+    "name", "unit", "unit_kind", "slice", "node", "nodes", "mems", "memory_node", "memory_kb",
+    "cpus", "hugepages", "gpus", "device_allow", "near", "priority",
+}  # fmt: skip
+
+
+def test_every_plan_of_the_corpus_is_a_guard_config():
+    """Each plan the planner makes from the plan corpus (unit tests + demo fleet) parses."""
+    import plan_corpus
+
+    from ansible_collections.numafleet.tuning.plugins.module_utils.numa import planner
+
+    parsed = 0
+    for call in plan_corpus.load_inputs():
+        try:
+            plan = planner.plan_host(**json.loads(json.dumps(call)))
+        except Exception:  # a refused input: no plan, nothing for the guard
+            continue
+        placements = [
+            {k: v for k, v in entry.items() if k in CONFIG_KEYS} for entry in plan["placements"]
+        ]
+        data = {"version": 1, "host": "h", "settings": {}, "placements": placements}
+        config = gp.parse_config(data, "/etc/numafleet/guard.json")
+        assert len(config.specs) == len(placements)
+        parsed += 1
+    assert parsed > 100
+
+
 def test_check_config_exit_codes(tmp_path, capsys):
     s = _setup(tmp_path)
     assert gp.main(["check-config", "--config", s.config_path]) == 0
