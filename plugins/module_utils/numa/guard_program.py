@@ -33,6 +33,8 @@ Files:
                   "state_file": "/run/numafleet-guard/state.json"},
      "placements": [plan placement entries (name unit slice mems memory_kb priority ...)]}
 
+- lock ``<state_file>.lock``: ``run`` and ``once`` hold an exclusive flock(2) on it, so a
+  second guard (``once`` while the service runs) exits 1 instead of writing the state too.
 - state ``settings.state_file``: ``GuardState.as_dict()`` plus ``spilled`` ({placement: {from,
   to, since, bytes}}), ``throttle_written`` ({placement: bytes of memory.high the guard wrote})
   and ``last_run`` (epoch seconds). Written atomically each round; a state file that does not
@@ -61,7 +63,7 @@ between read and write (the unit stopped) counts in neither.
 Journal: records through the journal's native protocol (AF_UNIX datagrams to
 ``/run/systemd/journal/socket``, ``KEY=value`` lines, the length-prefixed form for values with
 a newline), ``SYSLOG_IDENTIFIER=numafleet-guard``; without that socket one line per record on
-stderr.
+stderr, with a ``<priority>`` prefix that systemd reads when stderr goes to the journal.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import errno
+import fcntl
 import importlib
 import json
 import os
@@ -379,6 +382,24 @@ def write_atomic(path: str, text: str, mode: int = 0o644) -> None:
         except OSError:
             pass
         raise
+
+
+def lock(state_file: str) -> Optional[int]:
+    """An exclusive flock(2) on ``<state_file>.lock`` (its directory created when absent): the
+    descriptor, held until the process ends; None when another numafleet-guard holds it (two
+    guards would each write the state and lose the other's throttles). Raises OSError."""
+    path = f"{state_file}.lock"
+    os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _default_migrate(cgroup_dir: str, from_nodes: list, to_nodes: list):
@@ -915,6 +936,18 @@ def main(argv: Optional[list] = None, host: Optional[Host] = None, stop=None, ou
     if args.command == "check-config":
         out.write(f"{IDENTIFIER}: {config.path} is valid: {config.summary()}\n")
         return EXIT_OK
+    try:
+        held = lock(config.state_file)
+    except OSError as exc:
+        sys.stderr.write(f"{IDENTIFIER}: {config.state_file}.lock: {_error_text(exc)}\n")
+        return EXIT_FAILED
+    if held is None:
+        sys.stderr.write(
+            f"{IDENTIFIER}: another numafleet-guard (numafleet-guard.service?) holds "
+            f"{config.state_file}.lock; its last round is in {config.state_file} and the "
+            "journal (journalctl -t numafleet-guard)\n"
+        )
+        return EXIT_FAILED
     if host is None:
         host = _host(args, Journal(args.journal_socket or None))
     program = Program(config, host)
@@ -947,6 +980,7 @@ def main(argv: Optional[list] = None, host: Optional[Host] = None, stop=None, ou
         return EXIT_FAILED
     finally:
         host.journal.close()
+        os.close(held)
 
 
 def _summary(outcome: Outcome) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import fcntl
 import io
 import json
 import os
@@ -870,3 +871,19 @@ def test_without_memory_reclaim_the_program_throttles(tmp_path):
     assert s.cg(KV_LOW + "/memory.high").read_text() == f"{item.action.value}\n"
     record = s.journal.records[-1]
     assert (record["NUMAFLEET_BEFORE"], record["NUMAFLEET_AFTER"]) == ("max", item.action.value)
+
+
+def test_a_second_guard_is_refused_while_one_holds_the_lock(tmp_path, capsys):
+    s = _setup(tmp_path)
+    state_file = gp.load_config(s.config_path).state_file
+    held = gp.lock(state_file)
+    try:
+        assert held is not None
+        assert gp.main(["once", "--config", s.config_path], host=s.host) == 1
+        assert "another numafleet-guard" in capsys.readouterr().err
+        assert not Path(state_file).exists()  # it wrote nothing
+    finally:
+        os.close(held)
+    assert gp.main(["once", "--config", s.config_path], host=s.host) == 0
+    with open(f"{state_file}.lock") as handle:  # released when main returned
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
