@@ -359,7 +359,11 @@ def test_a_failed_release_is_retried(tmp_path):
     s, program, value = _throttled(tmp_path)
     s.set_node(1, 40.0)
     high = s.cg(KV_LOW + "/memory.high")
-    program.host.write = lambda path, text: (_ for _ in ()).throw(OSError(errno.EBUSY, "busy"))
+
+    def busy(path, text):
+        raise OSError(errno.EBUSY, "Device or resource busy")
+
+    program.host.write = busy
     [failed] = program.round().applied
     assert failed.result == "failed"
     assert dict(program.saved.state.throttled) == {"kv-low": (1, None)}
