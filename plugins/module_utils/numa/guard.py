@@ -562,12 +562,15 @@ class GuardState:
     levels: {node: ok | warn | act} as last reported.
     throttled: {placement: (node, memory.high before the first throttle, None for max)}.
     actions_total: {(node, action, placement): count} since the guard started.
+    failures_total: {(node, action, placement): count} of actions whose write failed (the
+    program that applies the actions keeps it; decide leaves it out of its next state).
     """
 
     over_rounds: tuple = ()
     levels: tuple = ()
     throttled: tuple = ()
     actions_total: tuple = ()
+    failures_total: tuple = ()
 
     def as_dict(self) -> dict:
         """JSON-ready form (see parse_state)."""
@@ -578,6 +581,10 @@ class GuardState:
             "actions_total": [
                 {"node": n, "action": a, "placement": p, "count": c}
                 for (n, a, p), c in self.actions_total
+            ],
+            "failures_total": [
+                {"node": n, "action": a, "placement": p, "count": c}
+                for (n, a, p), c in self.failures_total
             ],
         }
 
@@ -602,6 +609,12 @@ def parse_state(data) -> GuardState:
                 for e in data["actions_total"]
             )
         )
+        failures = tuple(
+            sorted(
+                ((int(e["node"]), str(e["action"]), str(e["placement"])), int(e["count"]))
+                for e in data.get("failures_total", ())
+            )
+        )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise GuardError(
             f"the guard's saved state does not parse ({type(exc).__name__}: {exc}); it is "
@@ -609,7 +622,7 @@ def parse_state(data) -> GuardState:
         ) from None
     if any(level not in LEVELS for dummy, level in levels):
         raise GuardError("the guard's saved state has an unknown level; it starts afresh")
-    return GuardState(over, levels, throttled, totals)
+    return GuardState(over, levels, throttled, totals, failures)
 
 
 @dataclass(frozen=True)
@@ -795,6 +808,11 @@ METRICS = (
         "Actions of the memory guard since it started, by node, action and placement",
     ),
     (
+        "numafleet_guard_action_failures_total",
+        "counter",
+        "Actions of the memory guard whose write failed, by node, action and placement",
+    ),
+    (
         "numafleet_guard_last_run_timestamp_seconds",
         "gauge",
         "Unix time of the memory guard's last round",
@@ -817,8 +835,8 @@ def as_textfile(
     """Prometheus text exposition (node_exporter textfile collector) of one round.
 
     Families (HELP and TYPE, then samples sorted by label): node used ratio {node},
-    placement off-node share {placement} (running placements with bytes), actions total
-    {node, action, placement} (from state) and the last-run timestamp.
+    placement off-node share {placement} (running placements with bytes), actions total and
+    action failures total {node, action, placement} (from state) and the last-run timestamp.
     """
     mems = {s.name: s.mems for s in specs}
     samples: dict = {name: [] for name, dummy, dummy2 in METRICS}
@@ -835,6 +853,10 @@ def as_textfile(
             )
     for (node_id, action, name), total in state.actions_total:
         samples["numafleet_guard_actions_total"].append(
+            (f'node="{node_id}",action="{action}",placement="{_label(name)}"', total)
+        )
+    for (node_id, action, name), total in state.failures_total:
+        samples["numafleet_guard_action_failures_total"].append(
             (f'node="{node_id}",action="{action}",placement="{_label(name)}"', total)
         )
     samples["numafleet_guard_last_run_timestamp_seconds"].append(("", now))
