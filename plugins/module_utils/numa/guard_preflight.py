@@ -12,15 +12,17 @@ Checks (name: what is read; a fact the host does not show is ``skip``, never ``f
 
 - ``gpu``, per planned GPU (placement ``gpus[]``: ``address``, ``uuid``, ``node``):
   ``/sys/bus/pci/devices/<address>/numa_node`` equals the planned node (absent device: fail;
-  ``-1``, the firmware gives no locality: skip). An NVIDIA GPU (UUID ``GPU-...``) is also matched
-  by UUID against ``/proc/driver/nvidia/gpus/<address>/information``, line ``GPU UUID: \\t
-  <uuid>`` (the driver names the directory ``%04x:%02x:%02x.%x``, lower case; no
-  ``/proc/driver/nvidia``: skip). Per render node of ``device_allow`` (AMD GPUs selected by
-  render node, ``/dev/dri/renderD<N>``): ``/sys/class/drm/renderD<N>`` exists and its device's
-  ``numa_node`` (``renderD<N>/device/numa_node``, else the directory the class link resolves
-  into, ``<device>/drm/renderD<N>``) is the planned node of that GPU, or one of the placement's
-  nodes and memory nodes when the device is not one of its planned GPUs (a logical GPU of a
-  partitioned GPU is a platform device ``amdgpu_xcp.<i>`` without ``numa_node``: skip).
+  ``-1``, the firmware gives no locality: skip). An NVIDIA GPU (PCI ``vendor`` 0x10de; without
+  that file, a UUID of NVIDIA's form ``GPU-8-4-4-4-12`` hex digits) is also matched by UUID against
+  ``/proc/driver/nvidia/gpus/<address>/information``, line ``GPU UUID: \t <uuid>`` (the driver
+  names the directory ``%04x:%02x:%02x.%x``, lower case, and leaves the line out when it cannot
+  read the UUID; no ``/proc/driver/nvidia``: skip). Per render node of ``device_allow`` (AMD
+  GPUs selected by render node, ``/dev/dri/renderD<N>``): ``/sys/class/drm/renderD<N>`` exists
+  and its device's ``numa_node`` (``renderD<N>/device/numa_node``, else the directory the class
+  link resolves into, ``<device>/drm/renderD<N>``) is the planned node of that GPU, or one of
+  the placement's nodes and memory nodes when the device is not one of its planned GPUs (a
+  logical GPU of a partitioned GPU is a platform device ``amdgpu_xcp.<i>`` without
+  ``numa_node``: skip).
 - ``cpus``: the planned CPUs are in ``/sys/devices/system/cpu/online`` and in this process's
   affinity (``os.sched_getaffinity(0)``: systemd applies the unit's ``CPUAffinity=`` and its
   cgroup's ``AllowedCPUs=`` to ``ExecStartPre=`` too).
@@ -47,7 +49,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from .cpulist import format_cpulist, parse_cpulist
-from .errors import CpulistError, GuardError
+from .errors import CpulistError, GuardError, escape_controls
 from .guard import NodeMemory, parse_thresholds, read_nodes, read_path
 
 DEFAULT_CONFIG = "/etc/numafleet/guard.json"
@@ -60,6 +62,8 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 # How each status is printed: a failure stands out in the journal.
 _WORD = {"ok": "ok", "fail": "FAIL", "skip": "skip"}
 _PCI_ADDRESS = re.compile(r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]\Z")
+_NVIDIA_UUID = re.compile(r"^GPU-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}\Z")
+NVIDIA_VENDOR = "0x10de"
 _RENDER_NODE = re.compile(r"^/dev/dri/renderD([0-9]{1,6})\Z")
 _REPLAN = "run site.yml to write the plan and the guard's config again"
 _REFACT = "gather facts again and run site.yml (the plan is older than this hardware state)"
@@ -78,7 +82,8 @@ class CheckResult:
 
     def line(self, placement: str) -> str:
         """``numafleet-guard preflight <placement>: ok gpu ...`` (FAIL for fail)."""
-        return f"{PROG} {placement}: {_WORD[self.status]} {self.name} {self.message}"
+        text = f"{PROG} {placement}: {_WORD[self.status]} {self.name} {self.message}"
+        return escape_controls(text)  # one journal line, whatever a file held
 
     def as_dict(self) -> dict:
         """{name, status, message}."""
@@ -260,9 +265,18 @@ def _check_pci_gpu(gpu: _Gpu, read: Reader, sysfs_root: str, procfs_root: str) -
         )
     else:
         out.append(CheckResult("gpu", "ok", f"{gpu.address} is on NUMA node {found} as planned"))
-    if gpu.uuid is not None and gpu.uuid.upper().startswith("GPU-"):
+    if gpu.uuid is not None and _is_nvidia(gpu, read(f"{base}/vendor")):
         out.append(_check_nvidia_uuid(gpu, read, procfs_root))
     return out
+
+
+def _is_nvidia(gpu: _Gpu, vendor: Optional[str]) -> bool:
+    """Whether to match the GPU's UUID with the NVIDIA driver: its PCI vendor is NVIDIA's
+    (0x10de); without a vendor file, its UUID has NVIDIA's form GPU-8-4-4-4-12 (AMD's is
+    GPU-<16 hex digits>)."""
+    if vendor is not None:
+        return vendor.replace("\0", "").strip().lower() == NVIDIA_VENDOR
+    return bool(_NVIDIA_UUID.match(gpu.uuid or ""))
 
 
 def _check_nvidia_uuid(gpu: _Gpu, read: Reader, procfs_root: str) -> CheckResult:

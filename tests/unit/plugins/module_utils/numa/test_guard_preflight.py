@@ -6,14 +6,24 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import field_cases
 import guard_trees
 import pytest
+import trees
 
-from ansible_collections.numafleet.tuning.plugins.module_utils.numa import guard, guard_preflight
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa import (
+    gpu,
+    gpu_snapshot,
+    guard,
+    guard_preflight,
+)
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import GuardError
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa.planner import plan_host
+from ansible_collections.numafleet.tuning.plugins.module_utils.numa.sysfs import Reader
 
 FIXTURES = Path(__file__).parents[3] / "fixtures"
 L4_INFORMATION = FIXTURES / "nvidia_proc" / "information-l4.txt"
@@ -506,3 +516,117 @@ def test_an_unreadable_file_fails_its_check_not_the_program(fixture_root):
     assert status == 1
     assert lines[0].startswith("numafleet-guard preflight train: FAIL cpus cannot read: ")
     assert lines[0].endswith("/sys/devices/system/cpu/online: Permission denied")
+
+
+# --- the plan's own placements, and the installed package ------------------------------------------
+
+GUARD_KEYS = (
+    "name unit unit_kind slice node nodes mems memory_node memory_kb cpus hugepages gpus "
+    "device_allow near priority"
+).split()
+
+
+def _guard_entry(placement: dict) -> dict:
+    """A plan placement reduced the way the role writes it into guard.json (decision 2)."""
+    entry = {key: placement[key] for key in GUARD_KEYS if placement.get(key) is not None}
+    if "gpus" in entry:
+        entry["gpus"] = [
+            {key: gpu.get(key) for key in ("address", "uuid", "node", "mig")}
+            for gpu in entry["gpus"]
+        ]
+    return entry
+
+
+def _plan_entry(machine: str, root: str, request: dict) -> dict:
+    numa = json.loads((FIXTURES / "sysfs" / f"{machine}.numa.json").read_text(encoding="utf-8"))
+    snapshot = trees.GPU_SNAPSHOT_DIR / f"{machine}.json"
+    state = (
+        gpu_snapshot.read_snapshot(str(snapshot))
+        if snapshot.is_file()
+        else gpu.nvml_unavailable("no snapshot in the fixtures")
+    )
+    topology = gpu.read_gpu_topology(Reader(f"{root}/sys", f"{root}/proc"), state)
+    policy = {"reserved_cpus": "", "memory_headroom_pct": 15}
+    plan = plan_host("h", numa, json.loads(json.dumps(topology)), [request], [], policy)
+    return plan["placements"][0]
+
+
+def test_a_fresh_plan_of_the_a100_host_passes_its_preflight(fixture_root):
+    """The planner's own entry (1 A100, 8 GiB, 16 x 2 MiB pages) on the tree it was planned from,
+    once the hugepages layer reserved the pages: nothing fails."""
+    root = _a100_with_driver(fixture_root(A100, writable=True))
+    request = {"name": "train", "exec": "/bin/app", "cpus": 4, "user": "app", "gpus": 1,
+               "memory": "8G", "hugepages": {"size": "2M", "count": 16}}  # fmt: skip
+    placement = _plan_entry(A100, root, request)
+    node = placement["hugepages"]["node"]
+    pool = Path(f"{root}/sys/devices/system/node/node{node}/hugepages/hugepages-2048kB")
+    (pool / "nr_hugepages").write_text("16\n")
+    (pool / "free_hugepages").write_text("16\n")
+    gpu_address = placement["gpus"][0]["address"]
+    uuid = placement["gpus"][0]["uuid"]
+    gpus_here = {gpu_address: ("NVIDIA A100 80GB PCIe", uuid, 2)}
+    field_cases.gpu_holders_procfs(f"{root}/proc", gpus_here, holders={})
+    status, lines = _run(
+        root, ["--mode", "enforce", "train"], _config(_guard_entry(placement)),
+        affinity=placement["cpus"],
+    )  # fmt: skip
+    assert status == 0, lines
+    assert [line.split()[3:5] for line in lines[:-1]] == [
+        ["ok", "gpu"], ["ok", "gpu"], ["ok", "cpus"], ["ok", "memory"], ["ok", "hugepages"]
+    ]  # fmt: skip
+    assert lines[-1] == "numafleet-guard preflight train: passed (5 ok, 0 fail, 0 skip)"
+
+
+def test_a_fresh_plan_of_an_mi300x_logical_gpu_passes_its_preflight(fixture_root):
+    """A CPX logical GPU selected by render node (its GPU's UUID is shared, so device_allow):
+    logical GPU 0's render node is the PCI device's own, held to the GPU's planned node; an AMD
+    UUID (GPU-<16 hex>) gets no NVIDIA check."""
+    root = fixture_root("synthetic-mi300x-cpx")
+    request = {"name": "infer", "exec": "/bin/app", "cpus": 4, "user": "app", "gpus": 1,
+               "partition": "CPX"}  # fmt: skip
+    placement = _plan_entry("synthetic-mi300x-cpx", root, request)
+    assert placement["device_allow"]
+    status, lines = _run(
+        root, ["--mode", "enforce", "infer"], _config(_guard_entry(placement)),
+        affinity=placement["cpus"],
+    )  # fmt: skip
+    assert status == 0, lines
+    address = placement["gpus"][0]["address"]
+    render = placement["device_allow"][1]
+    assert [line.split(": ", 1)[1] for line in lines[:2]] == [
+        f"ok gpu {address} is on NUMA node 1 as planned",
+        f"ok gpu {render} ({address}) is on NUMA node 1 as planned",
+    ]
+    assert "nvidia" not in " ".join(lines)
+
+
+def test_the_installed_package_layout_runs_it(tmp_path, fixture_root):
+    """guard_preflight imports only .guard, .cpulist, .errors and the standard library: copied
+    into a numafleet_guard package (as the role installs it), it runs under plain python3."""
+    package = tmp_path / "lib" / "numafleet_guard"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    core = Path(guard_preflight.__file__).parent
+    for name in ("guard.py", "guard_preflight.py", "cpulist.py", "errors.py"):
+        shutil.copy(core / name, package / name)
+    root = fixture_root("qemu-2node-pxb")
+    config = tmp_path / "guard.json"
+    config.write_text(json.dumps(_config(_entry(cpus=[0], mems=[1]))))
+    code = (
+        "import sys; from numafleet_guard import guard_preflight as p; "
+        f"sys.exit(p.main(sys.argv[1:], None, affinity={{0}}, sysfs_root={root + '/sys'!r}))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(package.parent)!r}); {code}",
+         "--mode", "enforce", "--config", str(config), "train"],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines()[-1] == (
+        "numafleet-guard preflight train: passed (2 ok, 0 fail, 0 skip)"
+    )
+
+
+def test_a_control_character_never_splits_a_line():
+    result = guard_preflight.CheckResult("gpu", "ok", "a\nFAIL forged")
+    assert result.line("x") == "numafleet-guard preflight x: ok gpu a\\nFAIL forged"
