@@ -630,3 +630,32 @@ def test_the_installed_package_layout_runs_it(tmp_path, fixture_root):
 def test_a_control_character_never_splits_a_line():
     result = guard_preflight.CheckResult("gpu", "ok", "a\nFAIL forged")
     assert result.line("x") == "numafleet-guard preflight x: ok gpu a\\nFAIL forged"
+
+
+@pytest.mark.parametrize(
+    ("text", "status", "words"),
+    [
+        ("1\n", "ok", "0000:81:00.0 is on NUMA node 1 as planned"),
+        ("-1\n", "skip", "0000:81:00.0 shows no NUMA node (numa_node -1"),
+        ("\0\0\0\0", "skip", "0000:81:00.0: "),  # a lying sysfs: NUL bytes where a number belongs
+        ("", "skip", "0000:81:00.0: "),
+        ("node1\n", "skip", "0000:81:00.0: "),
+    ],
+)
+def test_numa_node_texts_a_sysfs_can_show(fixture_root, text, status, words):
+    """Edited copy of qemu-2node-pxb (PROVENANCE.md, "Edited copies in tests"): numa_node of
+    0000:81:00.0 replaced; only a number is a node, anything else is unknown, never a failure."""
+    root = fixture_root("qemu-2node-pxb", writable=True)
+    Path(f"{root}/sys/bus/pci/devices/0000:81:00.0/numa_node").write_text(text)
+    results = _check(root, _entry(gpus=[{"address": "0000:81:00.0", "node": 1}]))
+    assert _pairs(results) == [("gpu", status)]
+    assert results[0].message.startswith(words)
+
+
+def test_hugepages_without_a_node_to_hold_them_to_is_a_skip(fixture_root):
+    root = fixture_root("qemu-2node-pxb")
+    entry = _entry(mems=[0, 1], hugepages={"size_kb": 2048, "count": 4, "node": None})
+    results = [r for r in _check(root, entry) if r.name == "hugepages"]
+    assert results == [
+        guard_preflight.CheckResult("hugepages", "skip", "4 x 2048 kB: no planned node")
+    ]
