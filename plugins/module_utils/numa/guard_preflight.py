@@ -687,7 +687,11 @@ def main(
     os.sched_getaffinity(0). Usage and config errors are a line ``numafleet-guard preflight:
     error: ...`` naming the fix, and exit 2; never a traceback.
     """
-    emit = out or _stdout
+    write = out or _stdout
+
+    def emit(text: str) -> None:
+        write(escape_controls(text))  # one line per record, whatever the config or a file held
+
     try:
         args = _parser().parse_args(list(argv))
     except _UsageError as exc:
@@ -725,7 +729,7 @@ def main(
         emit(f"{PROG}: error{where}: {exc}")
         return EXIT_USAGE
     for result in results:
-        emit(result.line(name))
+        write(result.line(name))
     failed = [r for r in results if r.status == "fail"]
     counts = ", ".join(f"{sum(r.status == s for r in results)} {s}" for s in STATUSES)
     if not failed:

@@ -659,3 +659,14 @@ def test_hugepages_without_a_node_to_hold_them_to_is_a_skip(fixture_root):
     assert results == [
         guard_preflight.CheckResult("hugepages", "skip", "4 x 2048 kB: no planned node")
     ]
+
+
+def test_a_placement_name_with_a_newline_stays_on_its_lines(fixture_root):
+    status, lines = _run(
+        fixture_root("qemu-2node-pxb"), ["a\nb"], _config(_entry("a\nb", cpus=[0]))
+    )
+    assert status == 0
+    assert lines == [
+        "numafleet-guard preflight a\\nb: ok cpus 0 online and in this process's affinity",
+        "numafleet-guard preflight a\\nb: passed (1 ok, 0 fail, 0 skip)",
+    ]
