@@ -670,3 +670,35 @@ def test_a_placement_name_with_a_newline_stays_on_its_lines(fixture_root):
         "numafleet-guard preflight a\\nb: ok cpus 0 online and in this process's affinity",
         "numafleet-guard preflight a\\nb: passed (1 ok, 0 fail, 0 skip)",
     ]
+
+
+def test_the_real_h100_guest_numa_unknown_and_uuid_matched(tmp_path):
+    """Captured on an H100 KVM guest (PROVENANCE.md, nvidia_proc/): sysfs gives the GPU no
+    node (numa_node -1): skip; the driver's information file carries the planned UUID: ok."""
+    captured = FIXTURES / "nvidia_proc"
+    address = "0000:00:06.0"
+    device = tmp_path / "sys" / "bus" / "pci" / "devices" / address
+    device.mkdir(parents=True)
+    for line in (captured / "pci-h100-vm.txt").read_text().splitlines():
+        name, dummy, value = line.partition("=")
+        (device / name).write_text(value + "\n")
+    driver = tmp_path / "proc" / "driver" / "nvidia"
+    (driver / "gpus" / address).mkdir(parents=True)
+    shutil.copy(captured / "information-h100-vm.txt", driver / "gpus" / address / "information")
+    shutil.copy(captured / "version-h100-vm.txt", driver / "version")
+    uuid = "GPU-f0bf7920-a818-3167-1f60-8158b07e6b2e"
+    results = _check(str(tmp_path), _entry(gpus=[{"address": address, "uuid": uuid, "node": 0}]))
+    assert results == [
+        guard_preflight.CheckResult(
+            "gpu",
+            "skip",
+            f"{address} shows no NUMA node (numa_node -1: the firmware gives no locality); "
+            "planned node 0",
+        ),
+        guard_preflight.CheckResult("gpu", "ok", f"{address} is {uuid} as planned"),
+    ]
+    other = _check(str(tmp_path), _entry(gpus=[{"address": address, "uuid": L4_UUID, "node": 0}]))
+    assert other[1].status == "fail"
+    assert other[1].message.startswith(
+        f"{address} is {uuid}, planned {L4_UUID}: the GPU was replaced"
+    )
