@@ -672,8 +672,8 @@ def test_a_placement_name_with_a_newline_stays_on_its_lines(fixture_root):
     ]
 
 
-def test_the_real_h100_guest_numa_unknown_and_uuid_matched(tmp_path):
-    """Captured on an H100 KVM guest (PROVENANCE.md, nvidia_proc/): sysfs gives the GPU no
+def test_the_real_h100_vm_numa_unknown_and_uuid_matched(tmp_path):
+    """Captured on an H100 virtual machine (PROVENANCE.md, nvidia_proc/): sysfs gives the GPU no
     node (numa_node -1): skip; the driver's information file carries the planned UUID: ok."""
     captured = FIXTURES / "nvidia_proc"
     address = "0000:00:06.0"
