@@ -23,6 +23,10 @@ Checks (name: what is read; a fact the host does not show is ``skip``, never ``f
   the placement's nodes and memory nodes when the device is not one of its planned GPUs (a
   logical GPU of a partitioned GPU is a platform device ``amdgpu_xcp.<i>`` without
   ``numa_node``: skip).
+- ``anchor`` (placement ``near``: the PCI device it is anchored on, ``address``, ``kind``,
+  ``node``): ``/sys/bus/pci/devices/<address>/numa_node`` equals the node the plan read for it
+  (absent device: fail; ``-1``: skip). A unit placed next to its NIC or NVMe does not start on
+  the wrong node after the device moved or the firmware changed its locality.
 - ``cpus``: the planned CPUs are in ``/sys/devices/system/cpu/online`` and in this process's
   affinity (``os.sched_getaffinity(0)``: systemd applies the unit's ``CPUAffinity=`` and its
   cgroup's ``AllowedCPUs=`` to ``ExecStartPre=`` too).
@@ -53,7 +57,7 @@ from .errors import CpulistError, GuardError, escape_controls
 from .guard import NodeMemory, parse_thresholds, read_nodes, read_path
 
 DEFAULT_CONFIG = "/etc/numafleet/guard.json"
-CHECKS = ("gpu", "cpus", "memory", "hugepages")
+CHECKS = ("gpu", "anchor", "cpus", "memory", "hugepages")
 STATUSES = ("ok", "fail", "skip")
 MODES = ("enforce", "warn")
 SETTING_MODES = ("enforce", "warn", "off")
@@ -131,6 +135,7 @@ class _Placement:
     hugepages: Optional[tuple]  # (size_kb, count, node)
     gpus: tuple
     render_minors: tuple
+    anchor: Optional[tuple] = None  # (address, kind, node) of near:
 
 
 def parse_entry(entry: dict) -> _Placement:
@@ -172,6 +177,20 @@ def parse_entry(entry: dict) -> _Placement:
         if uuid is not None and (not isinstance(uuid, str) or not uuid.isprintable()):
             raise GuardError(f"{gwhere}.uuid is {uuid!r}; {_REPLAN}")
         gpus.append(_Gpu(address.lower(), uuid or None, _optional_int(gpu, "node", gwhere)))
+    anchor = None
+    near = entry.get("near")
+    if near is not None:
+        if not isinstance(near, dict):
+            raise GuardError(f"{where}.near is {near!r}, not a mapping; {_REPLAN}")
+        address = near.get("address")
+        if not isinstance(address, str) or not _PCI_ADDRESS.match(address):
+            raise GuardError(f"{where}.near.address is {address!r}, not a PCI address; {_REPLAN}")
+        kind = near.get("kind")
+        anchor = (
+            address.lower(),
+            kind if isinstance(kind, str) and kind.isprintable() else None,
+            _optional_int(near, "node", f"{where}.near"),
+        )
     minors = []
     devices = entry.get("device_allow")
     if devices is not None:
@@ -196,6 +215,7 @@ def parse_entry(entry: dict) -> _Placement:
         hugepages=pages,
         gpus=tuple(gpus),
         render_minors=tuple(sorted(set(minors))),
+        anchor=anchor,
     )
 
 
@@ -223,48 +243,50 @@ def parse_nvidia_uuid(text: str) -> Optional[str]:
     return None
 
 
-def _check_pci_gpu(gpu: _Gpu, read: Reader, sysfs_root: str, procfs_root: str) -> list:
-    base = f"{sysfs_root}/bus/pci/devices/{gpu.address}"
-    planned = "no planned node" if gpu.node is None else f"planned node {gpu.node}"
+def _check_pci_node(
+    name: str, address: str, node: Optional[int], what: str, read: Reader, sysfs_root: str
+) -> CheckResult:
+    """CheckResult ``name``: the PCI device ``address`` (a ``what``: GPU, anchor device) is on
+    ``node`` by ``/sys/bus/pci/devices/<address>/numa_node``."""
+    base = f"{sysfs_root}/bus/pci/devices/{address}"
+    planned = "no planned node" if node is None else f"planned node {node}"
     text = read(f"{base}/numa_node")
     found = _node_value(text)
-    out = []
     if text is None and read(f"{base}/vendor") is None:
-        return [
-            CheckResult(
-                "gpu",
-                "fail",
-                f"{gpu.address} is not on this host ({base} does not exist): the GPU fell off "
-                f"the bus or was moved; {_REFACT}",
-            )
-        ]
+        return CheckResult(
+            name,
+            "fail",
+            f"{address} is not on this host ({base} does not exist): the {what} fell off "
+            f"the bus or was moved; {_REFACT}",
+        )
     if text is None:
-        out.append(CheckResult("gpu", "skip", f"{gpu.address}: {base}/numa_node is absent "
-                                              f"(kernel without NUMA); {planned}"))  # fmt: skip
-    elif found is None:
-        out.append(CheckResult("gpu", "skip", f"{gpu.address}: {base}/numa_node reads "
-                                              f"{text.strip()[:20]!r}; {planned}"))  # fmt: skip
-    elif found < 0:
-        out.append(
-            CheckResult(
-                "gpu",
-                "skip",
-                f"{gpu.address} shows no NUMA node (numa_node {found}: the firmware gives no "
-                f"locality); {planned}",
-            )
+        return CheckResult(name, "skip", f"{address}: {base}/numa_node is absent "
+                                         f"(kernel without NUMA); {planned}")  # fmt: skip
+    if found is None:
+        return CheckResult(name, "skip", f"{address}: {base}/numa_node reads "
+                                         f"{text.strip()[:20]!r}; {planned}")  # fmt: skip
+    if found < 0:
+        return CheckResult(
+            name,
+            "skip",
+            f"{address} shows no NUMA node (numa_node {found}: the firmware gives no "
+            f"locality); {planned}",
         )
-    elif gpu.node is None:
-        out.append(CheckResult("gpu", "skip", f"{gpu.address} is on NUMA node {found}; {planned}"))
-    elif found != gpu.node:
-        out.append(
-            CheckResult(
-                "gpu",
-                "fail",
-                f"{gpu.address} is on NUMA node {found}, planned node {gpu.node}; {_REFACT}",
-            )
+    if node is None:
+        return CheckResult(name, "skip", f"{address} is on NUMA node {found}; {planned}")
+    if found != node:
+        return CheckResult(
+            name, "fail", f"{address} is on NUMA node {found}, planned node {node}; {_REFACT}"
         )
-    else:
-        out.append(CheckResult("gpu", "ok", f"{gpu.address} is on NUMA node {found} as planned"))
+    return CheckResult(name, "ok", f"{address} is on NUMA node {found} as planned")
+
+
+def _check_pci_gpu(gpu: _Gpu, read: Reader, sysfs_root: str, procfs_root: str) -> list:
+    base = f"{sysfs_root}/bus/pci/devices/{gpu.address}"
+    result = _check_pci_node("gpu", gpu.address, gpu.node, "GPU", read, sysfs_root)
+    out = [result]
+    if result.status == "fail" and read(f"{base}/vendor") is None:
+        return out
     if gpu.uuid is not None and _is_nvidia(gpu, read(f"{base}/vendor")):
         out.append(_check_nvidia_uuid(gpu, read, procfs_root))
     return out
@@ -363,6 +385,16 @@ def check_gpus(placement: _Placement, read: Reader, sysfs_root: str, procfs_root
     for minor in placement.render_minors:
         out.append(_check_render_node(minor, placement, read, sysfs_root))
     return out
+
+
+def check_anchor(placement: _Placement, read: Reader, sysfs_root: str) -> list:
+    """CheckResult ``anchor`` of the PCI device the placement is anchored on (``near``); []
+    without one."""
+    if placement.anchor is None:
+        return []
+    address, kind, node = placement.anchor
+    what = f"anchor device ({kind})" if kind else "anchor device"
+    return [_check_pci_node("anchor", address, node, what, read, sysfs_root)]
 
 
 def _online_per_cpu(planned: set, read: Reader, sysfs_root: str) -> Optional[set]:
@@ -541,7 +573,7 @@ def check(
     sysfs_root: str = "/sys",
     procfs_root: str = "/proc",
 ) -> list:
-    """CheckResults of one config placement (gpu, cpus, memory, hugepages; a check that does not
+    """CheckResults of one config placement (gpu, anchor, cpus, memory, hugepages; a check that does not
     apply gives none). ``settings``: the config's settings (``act_pct``, default 90);
     ``affinity``: this process's CPU set, None to leave it out. Raises GuardError for a malformed
     entry or settings; a file that cannot be read (``read`` raised GuardError) fails its check."""
@@ -549,6 +581,7 @@ def check(
     act_pct = _act_pct(settings)
     out = []
     out.extend(_guarded("gpu", lambda: check_gpus(placement, read, sysfs_root, procfs_root)))
+    out.extend(_guarded("anchor", lambda: check_anchor(placement, read, sysfs_root)))
     out.extend(_guarded("cpus", lambda: check_cpus(placement, read, affinity, sysfs_root)))
     sizes = (placement.hugepages[0],) if placement.hugepages else ()
     try:

@@ -518,6 +518,45 @@ def test_an_unreadable_file_fails_its_check_not_the_program(fixture_root):
     assert lines[0].endswith("/sys/devices/system/cpu/online: Permission denied")
 
 
+# --- anchor (near:) -----------------------------------------------------------------------------
+
+
+def test_the_anchor_device_on_its_planned_node_in_the_real_guest(fixture_root):
+    root = fixture_root("qemu-2node-pxb")
+    near = {"address": "0000:81:00.0", "kind": "display", "node": 1}
+    assert _check(root, _entry(near=near))[0] == guard_preflight.CheckResult(
+        "anchor", "ok", "0000:81:00.0 is on NUMA node 1 as planned"
+    )
+
+
+def test_an_anchor_on_another_node_refuses_the_start_in_enforce_mode(fixture_root):
+    root = fixture_root("qemu-2node-pxb")
+    near = {"address": "0000:81:00.0", "kind": "nvme", "node": 0}
+    status, lines = _run(root, ["--mode", "enforce", "train"], _config(_entry(near=near)))
+    assert status == 1
+    assert lines[0] == (
+        "numafleet-guard preflight train: FAIL anchor 0000:81:00.0 is on NUMA node 1, planned "
+        "node 0; gather facts again and run site.yml (the plan is older than this hardware state)"
+    )
+
+
+def test_an_anchor_gone_from_the_bus_fails_naming_its_kind(fixture_root):
+    root = fixture_root("qemu-2node-pxb")
+    results = _check(root, _entry(near={"address": "0000:82:00.0", "kind": "nvme", "node": 1}))
+    assert _pairs(results)[0] == ("anchor", "fail")
+    assert "the anchor device (nvme) fell off the bus" in results[0].message
+
+
+@pytest.mark.parametrize(
+    "near",
+    [{"address": "81:00.0", "node": 1}, {"address": "0000:81:00.0", "node": "1"}, "0000:81:00.0"],
+)
+def test_a_malformed_anchor_is_refused_naming_the_placement(fixture_root, near):
+    status, lines = _run(fixture_root("qemu-2node-pxb"), ["train"], _config(_entry(near=near)))
+    assert status == 2
+    assert "placement 'train'.near" in lines[0] and "run site.yml" in lines[0]
+
+
 # --- the plan's own placements, and the installed package ------------------------------------------
 
 GUARD_KEYS = (
