@@ -117,7 +117,10 @@ class ActionModule(ControllerAction):
             if measured.get("skipped"):
                 measured = None
             else:
-                measured = {key: measured.get(key) for key in ("services", "nodes")}
+                kept = {key: measured.get(key) for key in ("services", "nodes")}
+                if measured.get("guard") is not None:  # host_apply read the memory guard's files
+                    kept["guard"] = measured["guard"]
+                measured = kept
         try:
             checks = verify.evaluate(
                 host,

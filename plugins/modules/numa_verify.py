@@ -56,6 +56,10 @@ options:
     description:
       - The registered result of M(numafleet.tuning.numa_locality_info) on the host (its
         C(services) and C(nodes) are used), or V(null) in render mode.
+      - "The C(locality) of M(numafleet.tuning.host_apply) with C(measure.guard) also has
+        C(guard), the memory guard's files read on the host: a placement listed under its
+        C(spilled) (moved by C(numafleet_memory_act: migrate)) makes C(offnode_share) warn
+        C(spilled (numafleet-guard moved it to node N at <time>)) instead of failing."
       - A skipped result counts as V(null). Outside render mode a measurement is required.
     type: raw
   unit_states:

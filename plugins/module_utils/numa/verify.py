@@ -15,7 +15,10 @@ Rules (docs/architecture.md, "Verify: metrics and checks"):
   missing CPUs / nodes: never a pass.
 - ``offnode_share``: anonymous + hugetlb memory on nodes outside the plan's mems, as a percentage of
   all of it. It fails when the share is *above* ``cross_node_target_pct``; exactly at the target
-  passes. A service with no such pages resident is skipped.
+  passes. A service with no such pages resident is skipped. A placement the memory guard moved
+  (``numafleet_memory_act: migrate``; the guard's state file lists it under ``spilled``, read on
+  the host into the measurement's ``guard``) warns instead of failing:
+  ``spilled (numafleet-guard moved it to node 0 at 2026-01-31T12:00:00Z)``.
 - ``gpu_locality``: every planned GPU sits on one of the placement's nodes or mems; a GPU whose
   node is unknown (sysfs ``numa_node`` -1) warns. Only services with GPUs get this check.
 - ``memory_used`` (per node with memory): warns at ``memory_warn_pct`` or more, fails at
@@ -633,7 +636,22 @@ def _narrower(out: _Checks, check: str, name: str, field: str, lists: tuple) -> 
     )
 
 
-def _check_offnode(out: _Checks, name: str, entry: dict, target_pct: float) -> None:
+def _spill_text(record: dict) -> str:
+    """'spilled (numafleet-guard moved it to node 0 at 2026-01-31T12:00:00Z)' of a spilled entry."""
+    nodes = [str(n) for n in record.get("to") or ()]
+    where = f"node {nodes[0]}" if len(nodes) == 1 else f"nodes {','.join(nodes) or '?'}"
+    since = record.get("since")
+    when = (
+        datetime.fromtimestamp(since, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        if isinstance(since, (int, float)) and not isinstance(since, bool)
+        else "an unknown time"
+    )
+    return f"spilled (numafleet-guard moved it to {where} at {when})"
+
+
+def _check_offnode(
+    out: _Checks, name: str, entry: dict, target_pct: float, spill: Optional[dict] = None
+) -> None:
     share = entry.get("offnode_share")
     if share is None:
         out.skip(
@@ -645,7 +663,22 @@ def _check_offnode(out: _Checks, name: str, entry: dict, target_pct: float) -> N
         )
         return
     pct = share * 100
-    if share > target_pct / 100:
+    if share > target_pct / 100 and isinstance(spill, dict):
+        text = _spill_text(spill)
+        out.add(
+            "offnode_share",
+            name,
+            "warn",
+            pct,
+            target_pct,
+            "pct",
+            f"{_pct(pct)}% of its anonymous and hugetlb memory is on nodes outside the plan's "
+            f"mems (target at most {_pct(target_pct)}%): {text}, as numafleet_memory_act: "
+            "migrate does when its node is over the act threshold; it ends when the pages "
+            "come back or the service restarts",
+            f"{_versus(pct, '>', target_pct)}, {text}",
+        )
+    elif share > target_pct / 100:
         out.add(
             "offnode_share",
             name,
@@ -758,7 +791,13 @@ def _check_waiting(out: _Checks, placement: dict, entry: Optional[dict], checks)
     return True
 
 
-def _check_service(out: _Checks, placement: dict, entry: Optional[dict], thresholds: dict) -> None:
+def _check_service(
+    out: _Checks,
+    placement: dict,
+    entry: Optional[dict],
+    thresholds: dict,
+    spilled: Optional[dict] = None,
+) -> None:
     name = str(placement.get("name"))
     has_gpus = bool(placement.get("gpus"))
     checks = SERVICE_CHECKS if has_gpus else SERVICE_CHECKS[:-1]
@@ -801,7 +840,7 @@ def _check_service(out: _Checks, placement: dict, entry: Optional[dict], thresho
     binding = entry.get("binding") or {}
     _check_binding(out, name, "cpus", binding, list(placement.get("cpus") or ()))
     _check_binding(out, name, "mems", binding, list(placement.get("mems") or ()))
-    _check_offnode(out, name, entry, thresholds["cross_node_target_pct"])
+    _check_offnode(out, name, entry, thresholds["cross_node_target_pct"], (spilled or {}).get(name))
     if has_gpus:
         _check_gpus(out, name, placement, entry)
 
@@ -918,7 +957,9 @@ def evaluate(
 ) -> list[Check]:
     """The checks of one host; raises VerifyError for bad thresholds or inputs of the wrong shape.
 
-    ``measured`` is numa_locality_info's result ({services, nodes}); it may be None in render mode.
+    ``measured`` is numa_locality_info's result ({services, nodes}, and ``guard`` when host_apply
+    read the memory guard's files: its ``spilled`` map turns an offnode_share failure into a
+    warning); it may be None in render mode.
     ``current_files`` is {host path: text or None when absent} of the rendered files (as
     ``units.read_files`` returns them); None skips ``rendered_units``. ``render_options`` are the
     keyword arguments of ``units.render_files`` (header, hardening_default, unit_dir).
@@ -972,8 +1013,11 @@ def evaluate(
         )
     measured = _mapping(measured, "measured", host)
     services = [s for s in measured.get("services") or () if isinstance(s, dict)]
+    guard = measured.get("guard")
+    spilled = guard.get("spilled") if isinstance(guard, dict) else None
+    spilled = spilled if isinstance(spilled, dict) else {}
     for placement in placements:
-        _check_service(out, placement, _find_service(services, placement), limits)
+        _check_service(out, placement, _find_service(services, placement), limits, spilled)
     if effective is not None:
         _effective_bindings(out, placements, effective)
     nodes = {
@@ -1267,7 +1311,8 @@ METRICS = {
     "outside its planned mems (0-1)",
     "numafleet_remote_access_ratio": "node-load-misses / node-loads of a service's cgroup over "
     "the sampling window (perf; absent when unavailable)",
-    "numafleet_node_memory_used_ratio": "Used / total memory of a NUMA node (0-1)",
+    "numafleet_node_memory_used_ratio": "Used / total memory of a NUMA node (0-1); used = "
+    "MemTotal - MemFree - file LRU pages",
     "numafleet_node_allocation_miss_ratio": "numastat other_node / (local_node + other_node) of a "
     "NUMA node over the sampling window (allocations, not accesses)",
 }

@@ -128,6 +128,22 @@ def test_failed_check_fails_the_task_naming_service_value_and_target():
     assert later["failed"] is False and later["msg"] == result["msg"]
 
 
+def test_a_placement_the_guard_moved_warns_and_the_guard_read_is_kept():
+    registered = measured(0.3)
+    registered["guard"] = {
+        "spilled": {"embed": {"from": [1], "to": [0], "since": 1738324800.0, "bytes": 1}},
+        "last_run": 1738324815.0,
+    }
+    args = {"measured": registered, "unit_states": UNCHANGED}
+    result = run_action(VerifyAction, "numafleet.tuning.numa_verify", args, verify_vars())
+    assert not result.get("failed") and result["status"] == "warn"
+    (check,) = [c for c in result["checks"] if c["check"] == "offnode_share"]
+    assert check["detail"].endswith(
+        "spilled (numafleet-guard moved it to node 0 at 2025-01-31T12:00:00Z)"
+    )
+    assert set(result["measured"]) == {"services", "nodes", "guard"}
+
+
 def test_exactly_at_target_passes_and_string_thresholds_are_numbers():
     args = {
         "measured": measured(0.05),
