@@ -255,3 +255,31 @@ def test_report_dir_that_cannot_be_made_fails_with_the_fix(tmp_path):
     result = run_action(ReportAction, "numafleet.tuning.verify_report", args, task_vars)
     assert result["failed"] is True
     assert "set numafleet_report_dir to a writable directory" in result["msg"]
+
+
+def test_the_guard_option_adds_the_guard_checks():
+    registered = measured(0.0)
+    registered["guard"] = {
+        "active": "failed",
+        "active_reason": None,
+        "settings": {"warn_pct": 80, "act_pct": 90, "act": "reclaim", "interval_s": 15},
+        "config_file": "/etc/numafleet/guard.json",
+        "last_run": 1000.0,
+        "read_at": 1010.0,
+        "state_file": "/run/numafleet-guard/state.json",
+    }
+    guard = {"enabled": "True", "warn_pct": "80", "act_pct": 90, "act": "reclaim", "interval_s": 15}
+    args = {"measured": registered, "unit_states": UNCHANGED, "guard": guard}
+    result = run_action(VerifyAction, "numafleet.tuning.numa_verify", args, verify_vars())
+    statuses = {c["check"]: c["status"] for c in result["checks"] if c["check"].startswith("guard")}
+    assert statuses == {"guard_service": "fail", "guard_config": "pass", "guard_last_run": "pass"}
+    assert "guard_service numafleet-guard.service: measured failed, target active" in result["msg"]
+    bad = dict(args, guard={"act": "move"})
+    refused = run_action(VerifyAction, "numafleet.tuning.numa_verify", bad, verify_vars())
+    assert refused["failed"] is True
+    assert refused["msg"] == (
+        f"host {HOST}: numafleet_memory_act is 'move'; use one of reclaim, throttle, migrate"
+    )
+    off = dict(args, guard={"enabled": False})
+    quiet = run_action(VerifyAction, "numafleet.tuning.numa_verify", off, verify_vars())
+    assert not [c for c in quiet["checks"] if c["check"].startswith("guard")]
