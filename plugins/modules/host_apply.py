@@ -230,9 +230,9 @@ options:
         default: auto
       guard:
         description:
-          - Also read the memory guard's files (C(numafleet-guard)) into RV(locality.guard) for
-            the verify checks (spilled placements, the guard's config, last run and service
-            state). Unset (the default), they are not read.
+          - Also read the memory guard's files (C(numafleet-guard)) into C(guard) of
+            RV(locality) for the verify checks (spilled placements, the guard's config, last run
+            and service state). Unset (the default), they are not read.
         type: dict
         suboptions:
           state_file:
