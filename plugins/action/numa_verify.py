@@ -30,6 +30,7 @@ ARGUMENT_SPEC = dict(
     require_runtime=dict(type="bool", default=False),
     fail_on_failure=dict(type="bool", default=True),
     thresholds=dict(type="raw", default={}),
+    guard=dict(type="raw"),
     host=dict(type="str"),
 )
 # Threshold variables of verify.yml, for messages.
@@ -117,7 +118,10 @@ class ActionModule(ControllerAction):
             if measured.get("skipped"):
                 measured = None
             else:
-                measured = {key: measured.get(key) for key in ("services", "nodes")}
+                kept = {key: measured.get(key) for key in ("services", "nodes")}
+                if measured.get("guard") is not None:  # host_apply read the memory guard's files
+                    kept["guard"] = measured["guard"]
+                measured = kept
         try:
             checks = verify.evaluate(
                 host,
@@ -136,6 +140,10 @@ class ActionModule(ControllerAction):
             if gpu_topology is None:
                 gpu_topology = (task_vars.get("ansible_facts") or {}).get("gpu_topology")
             checks += verify.partition_checks(host, plain(plan), plain(gpu_topology))
+            if args["guard"] is not None:
+                checks += verify.guard_checks(
+                    host, plain(args["guard"]), plain(measured), render_mode=args["render_mode"]
+                )
             if args["require_runtime"]:
                 checks = verify.require_runtime(checks)
             summary = verify.summary_line(host, checks)

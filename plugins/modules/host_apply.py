@@ -228,6 +228,25 @@ options:
         type: str
         choices: [auto, never]
         default: auto
+      guard:
+        description:
+          - Also read the memory guard's files (C(numafleet-guard)) into C(guard) of
+            RV(locality) for the verify checks (spilled placements, the guard's config, last run
+            and service state). Unset (the default), they are not read.
+        type: dict
+        suboptions:
+          state_file:
+            description: The guard's state file (its last round and spilled placements).
+            type: path
+            default: /run/numafleet-guard/state.json
+          config_file:
+            description: The guard's config file (its settings).
+            type: path
+            default: /etc/numafleet/guard.json
+          service:
+            description: Whether to ask C(systemctl is-active numafleet-guard.service) (the guard is enabled on the host).
+            type: bool
+            default: false
   recorded_digest:
     description:
       - The digest of the host's recorded state (the plan file and the files the last apply
@@ -299,6 +318,12 @@ locality:
   description:
     - The measurement of the plan's placements (keys C(services) and C(nodes)), as
       M(numafleet.tuning.numa_locality_info) returns it.
+    - "With O(measure.guard), also C(guard): C(service), C(active) (the word of C(systemctl
+      is-active), or V(null)), C(active_reason), C(config_file), C(settings) (C(warn_pct),
+      C(act_pct), C(act), C(interval_s) of the guard's config, or V(null)), C(config_reason),
+      C(state_file), C(last_run) (epoch seconds of the guard's last round, or V(null)),
+      C(spilled) (placement to C(from), C(to), C(since), C(bytes)), C(state_reason) and
+      C(read_at) (epoch seconds, the host's clock)."
   returned: when O(measure) is given
   type: dict
   sample: {services: [], nodes: []}
@@ -444,6 +469,14 @@ MEASURE_SPEC = dict(
     cgroup_root=dict(type="path", default="/sys/fs/cgroup"),
     window_s=dict(type="float", default=5),
     perf=dict(type="str", choices=["auto", "never"], default="auto"),
+    guard=dict(
+        type="dict",
+        options=dict(
+            state_file=dict(type="path", default="/run/numafleet-guard/state.json"),
+            config_file=dict(type="path", default="/etc/numafleet/guard.json"),
+            service=dict(type="bool", default=False),
+        ),
+    ),
 )
 
 

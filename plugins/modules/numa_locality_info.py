@@ -219,14 +219,23 @@ nodes:
       description: C(MemTotal) of C(nodeN/meminfo).
       type: int
       sample: 2015616
-    memory_used_kb:
-      description: C(MemTotal) minus C(MemFree).
+    memory_file_kb:
+      description: C(Active(file)) plus C(Inactive(file)) of C(nodeN/meminfo), page cache the kernel can drop; V(null) when a line is missing.
       type: int
-      sample: 199712
+      sample: 27576
+    memory_used_kb:
+      description:
+        - C(MemTotal) minus C(MemFree) minus RV(nodes[].memory_file_kb), never below 0; V(null)
+          when a field is missing.
+        - The memory guard (C(numafleet-guard)) uses the same definition, so the C(memory_used)
+          check of verify and the guard judge a node alike. Shmem/tmpfs, mlocked pages, slab and
+          the hugepage pool count as used.
+      type: int
+      sample: 172136
     memory_used_pct:
-      description: Used memory in percent, two decimals.
+      description: RV(nodes[].memory_used_kb) over C(MemTotal) in percent, two decimals.
       type: float
-      sample: 9.91
+      sample: 8.54
     hugepages:
       description: Hugepage pools of the node.
       type: list

@@ -39,6 +39,8 @@ description:
     defaults the running daemon reports through nvidia-cuda-mps-control) and C(irq_affinity) per
     IRQ of the plan's GPUs and NICs (C(/proc/irq/N/smp_affinity_list)). A layer that did not run
     or has nothing to check (no GPU, IRQ pinning off) gives one skipped check with the reason."
+  - "Memory guard checks, where O(guard) enables them: C(guard_service), C(guard_config) and
+    C(guard_last_run) (see O(guard))."
   - "With O(render_mode=true) nothing runs on the host, so every runtime check is V(skipped) with
     the reason C(render mode: nothing runs); the static check still runs. Skipped never counts as
     passed."
@@ -56,6 +58,11 @@ options:
     description:
       - The registered result of M(numafleet.tuning.numa_locality_info) on the host (its
         C(services) and C(nodes) are used), or V(null) in render mode.
+      - "The C(locality) of M(numafleet.tuning.host_apply) with C(measure.guard) also has
+        C(guard), the memory guard's files read on the host: a placement listed under its
+        C(spilled) (moved by C(numafleet_memory_act: migrate)) makes C(offnode_share) warn
+        C(spilled (numafleet-guard moved it to node N at <time>)) instead of failing, and the
+        O(guard) checks read its service state, settings and last run."
       - A skipped result counts as V(null). Outside render mode a measurement is required.
     type: raw
   unit_states:
@@ -126,6 +133,26 @@ options:
         percentage fails the task with the fix.
     type: raw
     default: {}
+  guard:
+    description:
+      - "The memory guard's settings of the host (C(playbooks/verify.yml) passes them from the
+        host variables): C(enabled) (C(numafleet_memory_guard), default V(true)), C(warn_pct)
+        (C(numafleet_memory_warn_pct), default V(80)), C(act_pct) (C(numafleet_memory_act_pct),
+        default V(90), above C(warn_pct)), C(act) (C(numafleet_memory_act): V(reclaim),
+        V(throttle) or V(migrate), default V(reclaim)) and C(interval_s)
+        (C(numafleet_memory_guard_interval), seconds 1 to 3600, default V(15)). A missing or
+        V(null) key takes its default; numeric and boolean strings are accepted."
+      - "Where the guard is enabled, adds the checks C(guard_service) (C(systemctl is-active
+        numafleet-guard.service) says V(active)), C(guard_config) (subject the config file,
+        C(/etc/numafleet/guard.json): its C(warn_pct), C(act_pct), C(act) and C(interval_s)
+        equal these) and C(guard_last_run) (the guard's last round, from its state file
+        C(/run/numafleet-guard/state.json), at most 3 x C(interval_s) seconds ago by the host's
+        clock), from C(guard) of O(measured) (M(numafleet.tuning.host_apply) with
+        C(measure.guard)). They are skipped in render mode and when the measurement did not
+        read the guard."
+      - V(null) (the default) or C(enabled=false) adds no guard check. An unknown key or a bad
+        value fails the task naming the host variable and the fix.
+    type: raw
   host:
     description:
       - Host name used in the checks and messages. Defaults to C(inventory_hostname).
@@ -197,6 +224,25 @@ EXAMPLES = r"""
     measured: null
     unit_states: "{{ units.files }}"
     render_mode: true
+
+- name: Measure with the memory guard's files and check the guard too
+  numafleet.tuning.host_apply:
+    measure:
+      guard:
+        service: true
+  check_mode: true
+  register: applied
+
+- name: Evaluate the checks, the guard's included
+  numafleet.tuning.numa_verify:
+    measured: "{{ applied.locality }}"
+    unit_states: "{{ applied.layers.units.files }}"
+    guard:
+      enabled: true
+      warn_pct: 80
+      act_pct: 90
+      act: migrate
+      interval_s: 15
 """
 
 RETURN = r"""

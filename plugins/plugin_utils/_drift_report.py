@@ -83,7 +83,8 @@ METRICS = {
     "numafleet_verify_check_failed": "1 when the verify check failed in the drift run, else 0",
     "numafleet_offnode_share_ratio": "Share of a service's anonymous and hugetlb memory on nodes "
     "outside its planned mems (0-1)",
-    "numafleet_node_memory_used_ratio": "Used / total memory of a NUMA node (0-1)",
+    "numafleet_node_memory_used_ratio": "Used / total memory of a NUMA node (0-1); used = "
+    "MemTotal - MemFree - file LRU pages",
     "numafleet_last_run_timestamp_seconds": "Unix time the drift run finished",
 }
 

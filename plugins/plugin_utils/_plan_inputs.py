@@ -96,4 +96,10 @@ def measure_inputs(variables) -> dict:
         value = variables.get(name, default)
         measured[option] = default if value is None else value
     measured["window_s"] = float(measured["window_s"])
+    # The memory guard's files are read on every host (a spilled placement is reported as such
+    # whatever the host's settings now); its service is asked about where the guard is enabled.
+    enabled = variables.get("numafleet_memory_guard", True)
+    measured["guard"] = {
+        "service": enabled is not False and str(enabled).lower() not in ("false", "no", "0", "off")
+    }
     return measured

@@ -18,6 +18,8 @@ Documentation/ABI/stable/sysfs-devices-node):
   allocation on that node without swap. ``FilePages`` is not used because it includes shmem and
   the swap cache.
 - ``node<N>/hugepages/hugepages-<size>kB/{nr,free}_hugepages``: the pool per size (pages).
+- ``node<N>/distance``: the node's distance row (ACPI SLIT: 10 to itself), one value per online
+  node in id order; migrate picks the nearest node with room.
 - Per placement, its cgroup v2 directory ``<cgroup root>/<slice path>/<unit>`` (systemd nests
   ``a-b.slice`` inside ``a.slice``; see ``slice_path``):
   ``memory.current`` (bytes, this cgroup and its descendants), ``memory.high`` / ``memory.low``
@@ -32,6 +34,10 @@ Documentation/ABI/stable/sysfs-devices-node):
   amount asked of a placement is capped at its bytes on the node over the threshold).
   ``memory.high`` is the throttle limit: above it the cgroup's tasks are throttled and reclaimed
   directly, never OOM-killed; writing ``max`` (or the value it had) releases it.
+  Mode ``migrate`` moves a placement's pages off the hot node with migrate_pages(2) (the caller,
+  ``guard_migrate.migrate_cgroup``); the kernel keeps the task's cpuset, so new allocations go to
+  its planned node again: the moved placement is "spilled" (``record_spill`` / ``clear_spills``)
+  until the hot node is back under warn - margin and its off-node share under 2 %.
 """
 
 from __future__ import annotations
@@ -45,8 +51,8 @@ from .errors import CpulistError, GuardError
 
 PRIORITIES = ("low", "normal", "high")
 _RANK = {"low": 0, "normal": 1, "high": 2}
-MODES = ("reclaim", "throttle")
-ACTIONS = ("reclaim", "throttle", "release")
+MODES = ("reclaim", "throttle", "migrate")
+ACTIONS = ("reclaim", "throttle", "release", "migrate")
 LEVELS = ("ok", "warn", "act")
 DEFAULT_SLICE = "numafleet.slice"
 DEFAULT_HUGEPAGE_SIZES_KB = (2048, 1048576)
@@ -87,7 +93,8 @@ class Thresholds:
     memory.high back, only below warn_pct - release_margin_pct (hysteresis on the way down).
     max_step_bytes: most bytes the actions of one node ask for in one round (besides the excess
     over act_pct, which always bounds them).
-    mode: ``reclaim`` (write memory.reclaim) or ``throttle`` (lower memory.high).
+    mode: ``reclaim`` (write memory.reclaim), ``throttle`` (lower memory.high) or ``migrate``
+    (move one placement's pages on the hot node to the nearest node with room; see decide).
     min_high_bytes: throttling never sets memory.high below this.
     top_users: how many placements a journal line names per node.
     """
@@ -104,7 +111,11 @@ class Thresholds:
 
 # Setting -> the host variable that carries it, for messages (the others are guard settings
 # whose variable names the role will fix).
-_VARIABLES = {"warn_pct": "numafleet_memory_warn_pct", "act_pct": "numafleet_memory_act_pct"}
+_VARIABLES = {
+    "warn_pct": "numafleet_memory_warn_pct",
+    "act_pct": "numafleet_memory_act_pct",
+    "mode": "numafleet_memory_act",
+}
 
 
 def _setting_name(key: str) -> str:
@@ -143,7 +154,7 @@ def parse_thresholds(values: dict) -> Thresholds:
         )
     mode = values.get("mode", base.mode)
     if mode not in MODES:
-        raise GuardError(f"guard setting mode is {mode!r}; use one of {', '.join(MODES)}")
+        raise GuardError(f"{_setting_name('mode')} is {mode!r}; use one of {', '.join(MODES)}")
     return Thresholds(
         warn_pct=float(warn),
         act_pct=float(act),
@@ -267,6 +278,11 @@ class NodeMemory:
     free_kb: int
     file_kb: int
     hugepages: tuple = ()
+    distances: tuple = ()  # ((node, distance), ...) from node<N>/distance; () when unknown
+
+    def distance_to(self, other: int) -> int:
+        """The SLIT distance to node ``other``; 255 (unreachable/unknown) when not known."""
+        return dict(self.distances).get(other, 255)
 
     @property
     def used_kb(self) -> int:
@@ -298,6 +314,19 @@ def parse_node_meminfo(text: str) -> dict:
     return found
 
 
+def parse_distance_row(text: str, ids: list) -> tuple:
+    """((node, distance), ...) of a node<N>/distance text whose values follow the online ``ids``.
+
+    Raises ValueError when a value is not a number or the row does not have one per node.
+    """
+    values = text.replace("\0", "").split()
+    if not all(v.isascii() and v.isdigit() for v in values):
+        raise ValueError(f"{text.strip()[:40]!r} is not a row of distances")
+    if len(values) != len(ids):
+        raise ValueError(f"{len(values)} distances for {len(ids)} online nodes")
+    return tuple(zip(ids, (int(v) for v in values)))
+
+
 def _count(text: Optional[str]) -> Optional[int]:
     if text is None:
         return None
@@ -315,7 +344,8 @@ def read_nodes(
     """(NodeMemory per online node sorted by id, warnings [{path, reason}]).
 
     A node whose meminfo is absent or malformed is left out with a warning; a missing hugepage
-    size is left out silently. Raises GuardError only from ``read``.
+    size or distance row is left out silently, a malformed distance row with a warning (the
+    node's distances are then unknown). Raises GuardError only from ``read``.
     """
     base = f"{sysfs_root}/devices/system/node"
     warnings: list = []
@@ -352,6 +382,14 @@ def read_nodes(
                 continue
             if total is not None and free is not None:
                 pools.append(HugePool(size_kb, total, free))
+        distances: tuple = ()
+        distance_path = f"{base}/node{node_id}/distance"
+        distance_text = read(distance_path)
+        if distance_text is not None:
+            try:
+                distances = parse_distance_row(distance_text, ids)
+            except ValueError as exc:
+                warnings.append({"path": distance_path, "reason": str(exc)})
         nodes.append(
             NodeMemory(
                 node_id,
@@ -359,6 +397,7 @@ def read_nodes(
                 info["MemFree"],
                 info["Active(file)"] + info["Inactive(file)"],
                 tuple(pools),
+                distances,
             )
         )
     return tuple(nodes), warnings
@@ -496,9 +535,14 @@ class Action:
     """One write the caller makes: ``value`` into ``<cgroup root>/<path>``.
 
     action: reclaim (memory.reclaim, value = bytes), throttle (memory.high lowered, value =
-    bytes) or release (memory.high back to ``before`` the first throttle, value = bytes or max).
-    amount_bytes: bytes asked to reclaim, or by which memory.high went down (0 for release).
-    before: the file's value before (memory.high), None for reclaim (write-only file).
+    bytes), release (memory.high back to ``before`` the first throttle, value = bytes or max)
+    or migrate (no file: ``path`` is the cgroup directory, ``value`` the target node id; the
+    caller moves the pages of every process in it from ``node`` to that node, see
+    guard_migrate.migrate_cgroup).
+    amount_bytes: bytes asked to reclaim, by which memory.high went down (0 for release), or
+    the placement's anon + file bytes on the hot node (migrate).
+    before: the file's value before (memory.high), None for reclaim (write-only file), the hot
+    node id for migrate.
     """
 
     node: int
@@ -667,6 +711,13 @@ def decide(
     ``reclaim_available`` is false: kernels before 5.19) or throttle (memory.high lowered, never
     below min_high_bytes). Below warn_pct - release_margin_pct a node's throttled placements get
     their memory.high back (release). A placement gets at most one action per round.
+
+    Mode migrate: per acting node at most one placement (the first candidate in the order above
+    for which a target exists) has all its bytes on the node moved at once (not bounded by
+    max_step_bytes) to a target: the nearest other node by node<N>/distance (then lowest id)
+    whose used bytes, plus what this round already moves there, plus the placement's bytes stay
+    below warn_pct. When no candidate fits anywhere the node falls back to reclaim (throttle
+    when ``reclaim_available`` is false) as above.
     """
     t = thresholds
     by_spec = {s.name: s for s in specs}
@@ -675,6 +726,7 @@ def decide(
     over_next, levels_next = {}, {}
     actions, events, acted = [], [], set()
     running = [m for m in placements if m.running and m.name in by_spec]
+    incoming: dict = {}  # node id -> bytes this round's migrate actions move there
 
     def count(node: int, kind: str, name: str) -> None:
         key = (node, kind, name)
@@ -735,6 +787,31 @@ def decide(
             key=lambda m: (_RANK[by_spec[m.name].priority], -m.bytes_on(node.id), m.name),
         )
         mode = t.mode if reclaim_available or t.mode != "reclaim" else "throttle"
+        if mode == "migrate":
+            chosen = _migrate_choice(node, candidates, nodes, incoming, t)
+            if chosen is not None:
+                memory, target = chosen
+                amount = memory.bytes_on(node.id)
+                incoming[target.id] = incoming.get(target.id, 0) + amount
+                after = (target.used_kb * 1024 + incoming[target.id]) / (target.total_kb * 1024)
+                action = Action(
+                    node.id,
+                    "migrate",
+                    memory.name,
+                    memory.cgroup,
+                    str(target.id),
+                    amount,
+                    str(node.id),
+                    f"node {node.id} at {ratio:.1%} for {over} rounds (act at {t.act_pct:g}%), "
+                    f"{by_spec[memory.name].priority} priority, {amount} bytes on the node moved "
+                    f"to node {target.id} (distance {node.distance_to(target.id)}, "
+                    f"{after:.1%} used after the move, warn at {t.warn_pct:g}%)",
+                )
+                acted.add(memory.name)
+                actions.append(action)
+                count(node.id, "migrate", memory.name)
+                continue
+            mode = "reclaim" if reclaim_available else "throttle"  # no node has room
         for memory in candidates:
             if budget <= 0:
                 break
@@ -786,6 +863,115 @@ def decide(
         tuple(sorted(totals.items())),
     )
     return Decision(tuple(actions), tuple(events), next_state)
+
+
+def _fits(target: NodeMemory, moved_bytes: int, warn_pct: float) -> bool:
+    """True when ``target`` stays below warn_pct with ``moved_bytes`` more used."""
+    total = target.total_kb * 1024
+    return total > 0 and (target.used_kb * 1024 + moved_bytes) * 100.0 < warn_pct * total
+
+
+def _migrate_choice(
+    hot: NodeMemory, candidates: list, nodes: tuple, incoming: dict, t: Thresholds
+) -> Optional[tuple]:
+    """(placement, target node) of the first candidate that fits on a node, nearest first."""
+    targets = sorted(
+        (n for n in nodes if n.id != hot.id and n.total_kb > 0),
+        key=lambda n: (hot.distance_to(n.id), n.id),
+    )
+    for memory in candidates:
+        amount = memory.bytes_on(hot.id)
+        for target in targets:
+            if _fits(target, incoming.get(target.id, 0) + amount, t.warn_pct):
+                return memory, target
+    return None
+
+
+# --- spilled placements (mode migrate) -------------------------------------------------------
+
+SPILL_CLEAR_SHARE = 0.02  # a spill ends when the placement's off-node share is below this
+
+
+def parse_spilled(data) -> dict:
+    """The state file's ``spilled`` map, checked: {placement: {from: [node], to: [node], since:
+    epoch s (float), bytes: int}}; None or absent -> {}. Raises GuardError (start afresh)."""
+    if data is None:
+        return {}
+    out: dict = {}
+    try:
+        for name, entry in data.items():
+            record = {
+                "from": sorted({int(n) for n in entry["from"]}),
+                "to": sorted({int(n) for n in entry["to"]}),
+                "since": float(entry["since"]),
+                "bytes": int(entry["bytes"]),
+            }
+            if not isinstance(name, str) or not record["from"] or not record["to"]:
+                raise ValueError(f"{name!r} has no from/to nodes")
+            out[name] = record
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise GuardError(
+            f"the guard's saved spilled placements do not parse ({type(exc).__name__}: {exc}); "
+            "they are discarded and the guard starts afresh"
+        ) from None
+    return out
+
+
+def record_spill(spilled: dict, action: Action, now: float) -> dict:
+    """``spilled`` (parse_spilled's form) with a migrate ``action`` that took effect added.
+
+    A placement spilled again keeps its first ``since``; its nodes are merged and bytes added.
+    Raises GuardError for an action that is not a migrate.
+    """
+    if action.action != "migrate":
+        raise GuardError(f"record_spill takes a migrate action, not {action.action!r}")
+    out = {name: dict(record) for name, record in spilled.items()}
+    old = out.get(action.placement)
+    target = int(action.value)
+    if old is None:
+        out[action.placement] = {
+            "from": [action.node],
+            "to": [target],
+            "since": float(now),
+            "bytes": action.amount_bytes,
+        }
+    else:
+        old["from"] = sorted(set(old["from"]) | {action.node})
+        old["to"] = sorted(set(old["to"]) | {target})
+        old["bytes"] = old["bytes"] + action.amount_bytes
+    return out
+
+
+def clear_spills(
+    spilled: dict, nodes: tuple, placements: tuple, thresholds: Thresholds, specs: tuple = ()
+) -> dict:
+    """``spilled`` without the placements whose spill is over; pure.
+
+    A spill is over when the placement is stopped or gone (its next start allocates on its
+    planned nodes), or when every node it was moved from is below warn_pct -
+    release_margin_pct AND its off-node share (of anon + file bytes, outside its planned
+    ``mems`` from ``specs``, else outside the nodes it was moved from) is under 2 %.
+    """
+    t = thresholds
+    by_name = {m.name: m for m in placements}
+    by_node = {n.id: n for n in nodes}
+    mems = {s.name: s.mems for s in specs}
+    out = {}
+    for name, record in spilled.items():
+        memory = by_name.get(name)
+        if memory is None or not memory.running:
+            continue
+        calm = all(
+            by_node.get(n) is not None
+            and by_node[n].used_ratio is not None
+            and by_node[n].used_ratio * 100.0 < t.warn_pct - t.release_margin_pct
+            for n in record["from"]
+        )
+        share = memory.offnode_share(mems.get(name, tuple(record["from"])))
+        if calm and (share is None or share < SPILL_CLEAR_SHARE):
+            continue
+        out[name] = dict(record)
+    return out
 
 
 # --- metrics ---------------------------------------------------------------------------------
@@ -890,7 +1076,7 @@ class Round:
         """JSON-ready report of the round (kB for nodes, bytes for cgroups; node ids as strings).
 
         Keys: nodes [{id, total_kb, free_kb, file_kb, used_kb, used_ratio, hugepages [{size_kb,
-        total, free}]}], placements [{name, priority, mems, cgroup, running, current_bytes,
+        total, free}], distances {node: distance}}], placements [{name, priority, mems, cgroup, running, current_bytes,
         high_bytes, low_bytes, bytes_by_node, offnode_share}], actions [Action fields],
         events [{node, level, previous, ratio, top_users}], warnings [{path, reason}], state.
         """
@@ -926,6 +1112,7 @@ class Round:
                         {"size_kb": p.size_kb, "total": p.total, "free": p.free}
                         for p in n.hugepages
                     ],
+                    "distances": {str(other): d for other, d in n.distances},
                 }
                 for n in self.nodes
             ],

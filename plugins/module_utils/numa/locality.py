@@ -9,15 +9,18 @@ or parses text; a command (``perf``) is run only by the caller, through a ``run_
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from .cpulist import parse_cpulist
-from .errors import CpulistError, LocalityError
+from .errors import CpulistError, GuardError, LocalityError
+from .guard import parse_spilled
 from .sysfs import Reader
-from .topology import NODE_DIR, parse_counters, read_topology
+from .topology import NODE_DIR, parse_counters, parse_meminfo, read_topology
 
 PERF_EVENTS = ("node-loads", "node-load-misses")
 _ADDR_RE = re.compile(r"^[0-9a-f]+\Z")
@@ -493,18 +496,41 @@ def measure_services(services: list, procfs_root: str, sysfs_root: str, cgroup_r
     return [measure_service(s, procfs_root, sysfs_root, cgroup_root) for s in services]
 
 
+def _file_kb(reader: Reader, node_id: int, numa: bool) -> Optional[int]:
+    """Active(file) + Inactive(file) kB of a node (node<N>/meminfo; /proc/meminfo without NUMA
+    sysfs), or None when either line is missing."""
+    path = reader.sys(*NODE_DIR, f"node{node_id}", "meminfo") if numa else reader.proc("meminfo")
+    meminfo = reader.parsed(path, parse_meminfo) or {}
+    active, inactive = meminfo.get("Active(file)"), meminfo.get("Inactive(file)")
+    return None if active is None or inactive is None else active + inactive
+
+
 def node_report(sysfs_root: str, procfs_root: str, numastat: dict) -> list:
-    """Per-node memory use, hugepage totals and the given numastat counters, sorted by id."""
-    topology = read_topology(Reader(sysfs_root, procfs_root))
+    """Per-node memory use, hugepage totals and the given numastat counters, sorted by id.
+
+    memory_used_kb is the memory guard's definition: MemTotal - MemFree - (Active(file) +
+    Inactive(file)) (never below 0; page cache the kernel can drop is not used), so verify's
+    memory_used check and numafleet-guard judge a node alike; memory_file_kb is those file LRU
+    pages. None when a field is missing.
+    """
+    reader = Reader(sysfs_root, procfs_root)
+    topology = read_topology(reader)
+    numa = reader.isdir(reader.sys(*NODE_DIR))
     nodes = []
     for node in topology.nodes:
         total, free = node.memory_kb, node.memfree_kb
-        used = None if total is None or free is None else total - free
+        file_kb = _file_kb(reader, node.id, numa)
+        used = (
+            None
+            if total is None or free is None or file_kb is None
+            else max(total - free - file_kb, 0)
+        )
         counts = numastat.get(node.id) or {}
         nodes.append(
             {
                 "id": node.id,
                 "memory_total_kb": total,
+                "memory_file_kb": file_kb,
                 "memory_used_kb": used,
                 "memory_used_pct": round(100.0 * used / total, 2)
                 if used is not None and total
@@ -580,13 +606,117 @@ def measure(
     return {"services": measured, "nodes": node_report(sysfs_root, procfs_root, numastat)}
 
 
+# numafleet-guard (the memory guard service) as the role memory_guard installs it.
+GUARD_SERVICE = "numafleet-guard.service"
+GUARD_STATE_FILE = "/run/numafleet-guard/state.json"
+GUARD_CONFIG_FILE = "/etc/numafleet/guard.json"
+GUARD_SETTINGS = ("warn_pct", "act_pct", "act", "interval_s")
+_GUARD_FILE_MAX_BYTES = 4 * 1024 * 1024
+
+
+def _read_json(path: str) -> tuple:
+    """(data, None) of a JSON file, or (None, reason): absent, unreadable, too large, not JSON."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(_GUARD_FILE_MAX_BYTES + 1)
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            return None, "absent"
+        return None, f"cannot be read: {exc.strerror or exc}"
+    if len(data) > _GUARD_FILE_MAX_BYTES:
+        return None, f"larger than {_GUARD_FILE_MAX_BYTES} bytes"
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        return None, f"not JSON ({exc})"
+    if not isinstance(value, dict):
+        return None, f"not a JSON object but {type(value).__name__}"
+    return value, None
+
+
+def read_guard(
+    state_file: str = GUARD_STATE_FILE,
+    config_file: str = GUARD_CONFIG_FILE,
+    now: Optional[float] = None,
+    active: Optional[str] = None,
+    active_reason: Optional[str] = None,
+) -> dict:
+    """What verify needs of numafleet-guard on this host; never raises.
+
+    Keys: service (the unit name), active (``systemctl is-active``'s word, given by the caller,
+    or None) and active_reason (why it is None); config_file, settings ({warn_pct, act_pct, act,
+    interval_s} of the config's ``settings``, or None) and config_reason; state_file, last_run
+    (epoch s of the guard's last round, or None), spilled ({placement: {from, to, since, bytes}},
+    {} when the state file is absent) and state_reason; read_at (epoch s, this host's clock,
+    ``now`` when given).
+    """
+    out = {
+        "service": GUARD_SERVICE,
+        "active": active,
+        "active_reason": active_reason,
+        "config_file": config_file,
+        "settings": None,
+        "config_reason": None,
+        "state_file": state_file,
+        "last_run": None,
+        "spilled": {},
+        "state_reason": None,
+        "read_at": time.time() if now is None else now,
+    }
+    config, reason = _read_json(config_file)
+    if config is not None:
+        settings = config.get("settings")
+        if isinstance(settings, dict):
+            out["settings"] = {key: settings.get(key) for key in GUARD_SETTINGS}
+        else:
+            reason = "has no settings mapping"
+    out["config_reason"] = reason
+    state, reason = _read_json(state_file)
+    if state is not None:
+        last_run = state.get("last_run")
+        if isinstance(last_run, (int, float)) and not isinstance(last_run, bool):
+            out["last_run"] = float(last_run)
+        else:
+            reason = f"last_run is {last_run!r}, not epoch seconds"
+        try:
+            out["spilled"] = parse_spilled(state.get("spilled"))
+        except GuardError as exc:
+            reason = str(exc)
+    out["state_reason"] = reason
+    return out
+
+
+def _guard_on_host(guard: dict, run_command: Callable, get_bin_path: Callable) -> dict:
+    """read_guard with the service's ``systemctl is-active`` word when guard['service'] is true."""
+    active, why = None, "not asked (the guard is not enabled on the host)"
+    if guard.get("service"):
+        systemctl = get_bin_path("systemctl")
+        if systemctl is None:
+            why = "systemctl is not installed"
+        else:
+            rc, out, err = run_command(
+                [systemctl, "is-active", GUARD_SERVICE],
+                environ_update={"LC_ALL": "C", "LANG": "C"},
+            )
+            words = out.split()
+            active, why = (words[0], None) if words else (None, f"systemctl is-active: rc {rc}")
+    return read_guard(
+        guard.get("state_file") or GUARD_STATE_FILE,
+        guard.get("config_file") or GUARD_CONFIG_FILE,
+        active=active,
+        active_reason=why,
+    )
+
+
 def measure_on_host(
     services: list, settings: dict, run_command: Callable, get_bin_path: Callable, sleep: Callable
 ) -> dict:
     """measure() as a module runs it on the host; raises LocalityError.
 
     settings: {sysfs_root, procfs_root, cgroup_root, window_s (seconds, 0 or more), perf (auto:
-    ``perf stat`` when installed; never)}. run_command and get_bin_path are AnsibleModule's
+    ``perf stat`` when installed; never), guard (optional: {state_file, config_file, service
+    (bool: ask ``systemctl is-active numafleet-guard.service``)}; when given the result has a
+    ``guard`` key, see read_guard)}. run_command and get_bin_path are AnsibleModule's
     (``perf`` is run through coreutils ``timeout`` when that exists); sleep takes the window when
     perf does not run. numa_locality_info and host_apply (option measure) call it.
     """
@@ -606,7 +736,7 @@ def measure_on_host(
         return err if rc == 0 else None
 
     reason = "perf is not installed" if settings["perf"] == "auto" else "perf=never"
-    return measure(
+    result = measure(
         services,
         settings["procfs_root"],
         settings["sysfs_root"],
@@ -616,3 +746,6 @@ def measure_on_host(
         perf_reason=reason,
         sleep=sleep,
     )
+    if settings.get("guard") is not None:
+        result["guard"] = _guard_on_host(settings["guard"], run_command, get_bin_path)
+    return result

@@ -15,11 +15,18 @@ Rules (docs/architecture.md, "Verify: metrics and checks"):
   missing CPUs / nodes: never a pass.
 - ``offnode_share``: anonymous + hugetlb memory on nodes outside the plan's mems, as a percentage of
   all of it. It fails when the share is *above* ``cross_node_target_pct``; exactly at the target
-  passes. A service with no such pages resident is skipped.
+  passes. A service with no such pages resident is skipped. A placement the memory guard moved
+  (``numafleet_memory_act: migrate``; the guard's state file lists it under ``spilled``, read on
+  the host into the measurement's ``guard``) warns instead of failing:
+  ``spilled (numafleet-guard moved it to node 0 at 2026-01-31T12:00:00Z)``.
 - ``gpu_locality``: every planned GPU sits on one of the placement's nodes or mems; a GPU whose
   node is unknown (sysfs ``numa_node`` -1) warns. Only services with GPUs get this check.
 - ``memory_used`` (per node with memory): warns at ``memory_warn_pct`` or more, fails at
   ``memory_fail_pct`` or more (exactly 80 warns, exactly 90 fails with the defaults).
+- ``guard_service`` / ``guard_config`` / ``guard_last_run`` (``guard_checks``, only where the
+  memory guard is enabled): numafleet-guard.service is active, its config's settings equal the
+  host's, its last round is at most 3 x interval_s old (read on the host by host_apply's
+  measurement, ``locality.read_guard``).
 - ``hugepages_total`` (per node with a planned or reserved pool): the reserved total (not the free
   count) of each page size equals the plan's; a reserved pool of a size the plan does not use warns.
 - ``rendered_units`` (static, per unit, also in render mode): the files on disk equal what
@@ -100,10 +107,24 @@ _WAITS_PREFIX = "waits for MIG instance "
 SERVICE_CHECKS = ("running", "cpus_binding", "mems_binding", "offnode_share", "gpu_locality")
 NODE_CHECKS = ("memory_used", "hugepages_total")
 STATIC_CHECKS = ("rendered_units", "effective_units")
+# The memory guard's checks (guard_checks), where the guard is enabled on the host.
+GUARD_CHECKS = ("guard_service", "guard_config", "guard_last_run")
+GUARD_UNIT = "numafleet-guard.service"
+GUARD_ACTS = ("reclaim", "throttle", "migrate")
+# guard option key -> the host variable it comes from (verify.yml), its default and its range.
+GUARD_OPTION = {
+    "enabled": ("numafleet_memory_guard", True, None),
+    "warn_pct": ("numafleet_memory_warn_pct", 80, (1, 100)),
+    "act_pct": ("numafleet_memory_act_pct", 90, (1, 100)),
+    "act": ("numafleet_memory_act", "reclaim", GUARD_ACTS),
+    "interval_s": ("numafleet_memory_guard_interval", 15, (1, 3600)),
+}
+# A guard whose last round is older than this many intervals is stuck or stopped.
+GUARD_STALE_INTERVALS = 3
 # The detail of a binding check failed by the effective unit settings (not by a measurement): the
 # drift report counts it as drift, like the effective_units check it repeats.
 EFFECTIVE_DIFFER = "effective settings differ"
-RUNTIME_CHECKS = SERVICE_CHECKS + NODE_CHECKS
+RUNTIME_CHECKS = SERVICE_CHECKS + NODE_CHECKS + GUARD_CHECKS
 _SUMMARY_PROBLEMS = 5
 
 
@@ -633,7 +654,22 @@ def _narrower(out: _Checks, check: str, name: str, field: str, lists: tuple) -> 
     )
 
 
-def _check_offnode(out: _Checks, name: str, entry: dict, target_pct: float) -> None:
+def _spill_text(record: dict) -> str:
+    """'spilled (numafleet-guard moved it to node 0 at 2026-01-31T12:00:00Z)' of a spilled entry."""
+    nodes = [str(n) for n in record.get("to") or ()]
+    where = f"node {nodes[0]}" if len(nodes) == 1 else f"nodes {','.join(nodes) or '?'}"
+    since = record.get("since")
+    when = (
+        datetime.fromtimestamp(since, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        if isinstance(since, (int, float)) and not isinstance(since, bool)
+        else "an unknown time"
+    )
+    return f"spilled (numafleet-guard moved it to {where} at {when})"
+
+
+def _check_offnode(
+    out: _Checks, name: str, entry: dict, target_pct: float, spill: Optional[dict] = None
+) -> None:
     share = entry.get("offnode_share")
     if share is None:
         out.skip(
@@ -645,7 +681,22 @@ def _check_offnode(out: _Checks, name: str, entry: dict, target_pct: float) -> N
         )
         return
     pct = share * 100
-    if share > target_pct / 100:
+    if share > target_pct / 100 and isinstance(spill, dict):
+        text = _spill_text(spill)
+        out.add(
+            "offnode_share",
+            name,
+            "warn",
+            pct,
+            target_pct,
+            "pct",
+            f"{_pct(pct)}% of its anonymous and hugetlb memory is on nodes outside the plan's "
+            f"mems (target at most {_pct(target_pct)}%): {text}, as numafleet_memory_act: "
+            "migrate does when its node is over the act threshold; it ends when the pages "
+            "come back or the service restarts",
+            f"{_versus(pct, '>', target_pct)}, {text}",
+        )
+    elif share > target_pct / 100:
         out.add(
             "offnode_share",
             name,
@@ -758,7 +809,13 @@ def _check_waiting(out: _Checks, placement: dict, entry: Optional[dict], checks)
     return True
 
 
-def _check_service(out: _Checks, placement: dict, entry: Optional[dict], thresholds: dict) -> None:
+def _check_service(
+    out: _Checks,
+    placement: dict,
+    entry: Optional[dict],
+    thresholds: dict,
+    spilled: Optional[dict] = None,
+) -> None:
     name = str(placement.get("name"))
     has_gpus = bool(placement.get("gpus"))
     checks = SERVICE_CHECKS if has_gpus else SERVICE_CHECKS[:-1]
@@ -801,7 +858,7 @@ def _check_service(out: _Checks, placement: dict, entry: Optional[dict], thresho
     binding = entry.get("binding") or {}
     _check_binding(out, name, "cpus", binding, list(placement.get("cpus") or ()))
     _check_binding(out, name, "mems", binding, list(placement.get("mems") or ()))
-    _check_offnode(out, name, entry, thresholds["cross_node_target_pct"])
+    _check_offnode(out, name, entry, thresholds["cross_node_target_pct"], (spilled or {}).get(name))
     if has_gpus:
         _check_gpus(out, name, placement, entry)
 
@@ -918,7 +975,9 @@ def evaluate(
 ) -> list[Check]:
     """The checks of one host; raises VerifyError for bad thresholds or inputs of the wrong shape.
 
-    ``measured`` is numa_locality_info's result ({services, nodes}); it may be None in render mode.
+    ``measured`` is numa_locality_info's result ({services, nodes}, and ``guard`` when host_apply
+    read the memory guard's files: its ``spilled`` map turns an offnode_share failure into a
+    warning); it may be None in render mode.
     ``current_files`` is {host path: text or None when absent} of the rendered files (as
     ``units.read_files`` returns them); None skips ``rendered_units``. ``render_options`` are the
     keyword arguments of ``units.render_files`` (header, hardening_default, unit_dir).
@@ -972,8 +1031,11 @@ def evaluate(
         )
     measured = _mapping(measured, "measured", host)
     services = [s for s in measured.get("services") or () if isinstance(s, dict)]
+    guard = measured.get("guard")
+    spilled = guard.get("spilled") if isinstance(guard, dict) else None
+    spilled = spilled if isinstance(spilled, dict) else {}
     for placement in placements:
-        _check_service(out, placement, _find_service(services, placement), limits)
+        _check_service(out, placement, _find_service(services, placement), limits, spilled)
     if effective is not None:
         _effective_bindings(out, placements, effective)
     nodes = {
@@ -991,6 +1053,240 @@ def evaluate(
         reserved = _pools(node.get("hugepages"), "total") if node else {}
         if planned or any(reserved.values()):
             _check_hugepages(out, nid, planned, node)
+    return out.out
+
+
+# --- the memory guard ----------------------------------------------------------------------------
+
+
+def _guard_bool(value, name: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "yes", "on", "1"):
+        return True
+    if isinstance(value, str) and value.strip().lower() in ("false", "no", "off", "0"):
+        return False
+    raise VerifyError(f"{name} is {value!r}; set it to true or false")
+
+
+def _guard_int(value, name: str, low: int, high: int) -> int:
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise VerifyError(f"{name} is {value!r}; set it to an integer from {low} to {high}")
+    return value
+
+
+def parse_guard(guard: Optional[dict]) -> dict:
+    """numa_verify's ``guard`` option with defaults filled in; raises VerifyError naming the host
+    variable and the fix.
+
+    Keys (each from a host variable, see GUARD_OPTION): enabled (numafleet_memory_guard, default
+    true), warn_pct (80) and act_pct (90) (numafleet_memory_warn_pct / _act_pct, integers 1-100,
+    warn below act), act (numafleet_memory_act: reclaim, throttle or migrate) and interval_s
+    (numafleet_memory_guard_interval, seconds 1-3600, default 15). None or {}: all defaults.
+    A missing or null key takes its default; numeric and boolean strings are accepted.
+    """
+    if guard is None:
+        guard = {}
+    if not isinstance(guard, dict):
+        raise VerifyError(
+            f"verify option guard is {type(guard).__name__}, not a mapping; give a mapping with "
+            f"any of {', '.join(GUARD_OPTION)}"
+        )
+    unknown = sorted(str(key) for key in guard if key not in GUARD_OPTION)
+    if unknown:
+        raise VerifyError(
+            f"verify option guard has unknown key(s) {', '.join(unknown)}; the keys are "
+            f"{', '.join(GUARD_OPTION)}"
+        )
+    out = {}
+    for key, (name, default, allowed) in GUARD_OPTION.items():
+        value = guard.get(key)
+        value = default if value is None else value
+        if key == "enabled":
+            out[key] = _guard_bool(value, name)
+        elif key == "act":
+            if value not in GUARD_ACTS:
+                raise VerifyError(f"{name} is {value!r}; use one of {', '.join(GUARD_ACTS)}")
+            out[key] = value
+        else:
+            out[key] = _guard_int(value, name, *allowed)
+    if out["warn_pct"] >= out["act_pct"]:
+        raise VerifyError(
+            f"numafleet_memory_warn_pct ({out['warn_pct']}) is not below numafleet_memory_act_pct "
+            f"({out['act_pct']}); set the warn threshold below the act threshold"
+        )
+    return out
+
+
+def _guard_config(out: _Checks, want: dict, read: dict) -> None:
+    path = str(read.get("config_file") or "/etc/numafleet/guard.json")
+    got = read.get("settings")
+    if not isinstance(got, dict):
+        reason = read.get("config_reason") or "has no settings"
+        out.add(
+            "guard_config",
+            path,
+            "fail",
+            None,
+            want,
+            "settings",
+            f"{path} {reason}: the guard runs without this host's settings; run site.yml (role "
+            "numafleet.tuning.memory_guard) to write it",
+            reason,
+        )
+        return
+    differ = []
+    for key in ("warn_pct", "act_pct", "act", "interval_s"):
+        mine, theirs = want[key], got.get(key)
+        same = (
+            theirs == mine
+            if key == "act"
+            else isinstance(theirs, (int, float))
+            and not isinstance(theirs, bool)
+            and theirs == mine
+        )
+        if not same:
+            differ.append(f"{key} is {theirs!r} there, {GUARD_OPTION[key][0]} is {mine!r}")
+    measured = {key: got.get(key) for key in ("warn_pct", "act_pct", "act", "interval_s")}
+    if differ:
+        out.add(
+            "guard_config",
+            path,
+            "fail",
+            measured,
+            want,
+            "settings",
+            f"{path}: {'; '.join(differ)}; run site.yml to write it (the guard reads it again "
+            "by itself, no restart)",
+            ", ".join(d.split(" there")[0] for d in differ),
+        )
+    else:
+        out.add(
+            "guard_config",
+            path,
+            "pass",
+            measured,
+            want,
+            "settings",
+            f"{path} has this host's settings (warn {want['warn_pct']}%, act "
+            f"{want['act_pct']}%, {want['act']}, every {want['interval_s']} s)",
+        )
+
+
+def _guard_service(out: _Checks, read: dict) -> None:
+    active = read.get("active")
+    if active is None:
+        reason = read.get("active_reason") or "its state is unknown"
+        out.skip(
+            "guard_service", GUARD_UNIT, f"systemctl was not asked: {reason}", "active", "state"
+        )
+    elif active == "active":
+        out.add(
+            "guard_service",
+            GUARD_UNIT,
+            "pass",
+            active,
+            "active",
+            "state",
+            f"{GUARD_UNIT} is active",
+        )
+    else:
+        out.add(
+            "guard_service",
+            GUARD_UNIT,
+            "fail",
+            active,
+            "active",
+            "state",
+            f"{GUARD_UNIT} is {active}, so nothing watches the nodes' memory; journalctl -u "
+            f"numafleet-guard says why, then systemctl start {GUARD_UNIT} (or run site.yml)",
+            active,
+        )
+
+
+def _guard_last_run(out: _Checks, want: dict, read: dict) -> None:
+    limit = GUARD_STALE_INTERVALS * want["interval_s"]
+    last, now = read.get("last_run"), read.get("read_at")
+    path = read.get("state_file") or "/run/numafleet-guard/state.json"
+    if not isinstance(last, (int, float)) or not isinstance(now, (int, float)):
+        reason = read.get("state_reason") or "has no last_run"
+        out.add(
+            "guard_last_run",
+            GUARD_UNIT,
+            "fail",
+            None,
+            limit,
+            "s",
+            f"{path} {reason}: the guard has not finished a round since the host booted; "
+            f"journalctl -u numafleet-guard says why",
+            f"state file {reason}",
+        )
+        return
+    age = max(now - last, 0.0)
+    shown = f"{age:.0f} s"
+    if age > limit:
+        out.add(
+            "guard_last_run",
+            GUARD_UNIT,
+            "fail",
+            round(age, 1),
+            limit,
+            "s",
+            f"the guard's last round was {shown} ago, more than {GUARD_STALE_INTERVALS} x "
+            f"{want['interval_s']} s: it is stuck or stopped; journalctl -u numafleet-guard "
+            "says why",
+            f"{shown} > {limit} s",
+        )
+    else:
+        out.add(
+            "guard_last_run",
+            GUARD_UNIT,
+            "pass",
+            round(age, 1),
+            limit,
+            "s",
+            f"the guard's last round was {shown} ago (at most {limit} s)",
+            f"{shown} <= {limit} s",
+        )
+
+
+def guard_checks(
+    host: str, guard: Optional[dict], measured: Optional[dict], render_mode: bool = False
+) -> list[Check]:
+    """The memory guard's checks of one host, only where it is enabled; raises VerifyError.
+
+    ``guard`` is numa_verify's option (parse_guard); ``measured`` host_apply's measurement, whose
+    ``guard`` (locality.read_guard: service state, the config's settings, the state file's
+    last run) is read. Checks, subject numafleet-guard.service unless said:
+    ``guard_service`` (systemctl is-active says active), ``guard_config`` (subject the config
+    file: its warn_pct, act_pct, act and interval_s equal the host's) and ``guard_last_run``
+    (the last round at most 3 x interval_s ago, by the host's clock). Skipped in render mode and
+    when the measurement did not read the guard.
+    """
+    want = parse_guard(guard)
+    out = _Checks(host)
+    if not want["enabled"]:
+        return out.out
+    read = (measured or {}).get("guard") if isinstance(measured, dict) else None
+    if render_mode or not isinstance(read, dict):
+        reason = (
+            RENDER_MODE_REASON
+            if render_mode
+            else "the measurement did not read the guard's files (host_apply measure.guard)"
+        )
+        out.skip("guard_service", GUARD_UNIT, reason, "active", "state")
+        out.skip("guard_config", "/etc/numafleet/guard.json", reason, want, "settings")
+        out.skip(
+            "guard_last_run", GUARD_UNIT, reason, GUARD_STALE_INTERVALS * want["interval_s"], "s"
+        )
+        return out.out
+    _guard_service(out, read)
+    _guard_config(out, want, read)
+    _guard_last_run(out, want, read)
     return out.out
 
 
@@ -1039,8 +1335,8 @@ def status_text(checks) -> str:
 
 
 def require_runtime(checks) -> list:
-    """``checks`` (Check objects) with every skipped runtime check (SERVICE_CHECKS, NODE_CHECKS: what
-    only a measurement of the running host can show) turned into a failure:
+    """``checks`` (Check objects) with every skipped runtime check (SERVICE_CHECKS, NODE_CHECKS,
+    GUARD_CHECKS: what only a measurement of the running host can show) turned into a failure:
     numafleet_verify_require_runtime is true, so not run is not good enough. The static checks and
     the layer checks (LAYER_CHECKS, skipped when a layer does not apply) stay skipped, and so do the
     checks of a placement that waits for its MIG instance (not started by design)."""
@@ -1267,7 +1563,8 @@ METRICS = {
     "outside its planned mems (0-1)",
     "numafleet_remote_access_ratio": "node-load-misses / node-loads of a service's cgroup over "
     "the sampling window (perf; absent when unavailable)",
-    "numafleet_node_memory_used_ratio": "Used / total memory of a NUMA node (0-1)",
+    "numafleet_node_memory_used_ratio": "Used / total memory of a NUMA node (0-1); used = "
+    "MemTotal - MemFree - file LRU pages",
     "numafleet_node_allocation_miss_ratio": "numastat other_node / (local_node + other_node) of a "
     "NUMA node over the sampling window (allocations, not accesses)",
 }

@@ -128,6 +128,22 @@ def test_failed_check_fails_the_task_naming_service_value_and_target():
     assert later["failed"] is False and later["msg"] == result["msg"]
 
 
+def test_a_placement_the_guard_moved_warns_and_the_guard_read_is_kept():
+    registered = measured(0.3)
+    registered["guard"] = {
+        "spilled": {"embed": {"from": [1], "to": [0], "since": 1738324800.0, "bytes": 1}},
+        "last_run": 1738324815.0,
+    }
+    args = {"measured": registered, "unit_states": UNCHANGED}
+    result = run_action(VerifyAction, "numafleet.tuning.numa_verify", args, verify_vars())
+    assert not result.get("failed") and result["status"] == "warn"
+    (check,) = [c for c in result["checks"] if c["check"] == "offnode_share"]
+    assert check["detail"].endswith(
+        "spilled (numafleet-guard moved it to node 0 at 2025-01-31T12:00:00Z)"
+    )
+    assert set(result["measured"]) == {"services", "nodes", "guard"}
+
+
 def test_exactly_at_target_passes_and_string_thresholds_are_numbers():
     args = {
         "measured": measured(0.05),
@@ -239,3 +255,31 @@ def test_report_dir_that_cannot_be_made_fails_with_the_fix(tmp_path):
     result = run_action(ReportAction, "numafleet.tuning.verify_report", args, task_vars)
     assert result["failed"] is True
     assert "set numafleet_report_dir to a writable directory" in result["msg"]
+
+
+def test_the_guard_option_adds_the_guard_checks():
+    registered = measured(0.0)
+    registered["guard"] = {
+        "active": "failed",
+        "active_reason": None,
+        "settings": {"warn_pct": 80, "act_pct": 90, "act": "reclaim", "interval_s": 15},
+        "config_file": "/etc/numafleet/guard.json",
+        "last_run": 1000.0,
+        "read_at": 1010.0,
+        "state_file": "/run/numafleet-guard/state.json",
+    }
+    guard = {"enabled": "True", "warn_pct": "80", "act_pct": 90, "act": "reclaim", "interval_s": 15}
+    args = {"measured": registered, "unit_states": UNCHANGED, "guard": guard}
+    result = run_action(VerifyAction, "numafleet.tuning.numa_verify", args, verify_vars())
+    statuses = {c["check"]: c["status"] for c in result["checks"] if c["check"].startswith("guard")}
+    assert statuses == {"guard_service": "fail", "guard_config": "pass", "guard_last_run": "pass"}
+    assert "guard_service numafleet-guard.service: measured failed, target active" in result["msg"]
+    bad = dict(args, guard={"act": "move"})
+    refused = run_action(VerifyAction, "numafleet.tuning.numa_verify", bad, verify_vars())
+    assert refused["failed"] is True
+    assert refused["msg"] == (
+        f"host {HOST}: numafleet_memory_act is 'move'; use one of reclaim, throttle, migrate"
+    )
+    off = dict(args, guard={"enabled": False})
+    quiet = run_action(VerifyAction, "numafleet.tuning.numa_verify", off, verify_vars())
+    assert not [c for c in quiet["checks"] if c["check"].startswith("guard")]

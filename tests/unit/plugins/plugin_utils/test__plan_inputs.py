@@ -82,9 +82,18 @@ def test_measure_inputs_defaults_and_window_as_a_number():
         "cgroup_root": "/sys/fs/cgroup",
         "window_s": 5.0,
         "perf": "auto",
+        "guard": {"service": True},
     }
     measured = _plan_inputs.measure_inputs({"numafleet_verify_window_s": "0.5"})
     assert measured["window_s"] == 0.5
+
+
+@pytest.mark.parametrize(
+    ("value", "service"), [(True, True), (False, False), ("false", False), ("yes", True)]
+)
+def test_measure_inputs_ask_the_guard_service_where_the_guard_is_enabled(value, service):
+    measured = _plan_inputs.measure_inputs({"numafleet_memory_guard": value})
+    assert measured["guard"] == {"service": service}
 
 
 @pytest.mark.parametrize("window", [0, 5, "5", "0.5", 3600, "3600.0"])

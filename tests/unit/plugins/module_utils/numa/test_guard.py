@@ -225,7 +225,10 @@ def test_parse_placements_refuses_a_duplicate_name():
         ),
         ({"act_pct": 0}, "numafleet_memory_act_pct is 0; set it to a number from 1 to 100"),
         ({"act_pct": "90"}, "numafleet_memory_act_pct is '90'"),
-        ({"mode": "migrate"}, "guard setting mode is 'migrate'; use one of reclaim, throttle"),
+        (
+            {"mode": "move"},
+            "numafleet_memory_act is 'move'; use one of reclaim, throttle, migrate",
+        ),
         ({"act_rounds": 0}, "guard setting act_rounds is 0; set it to an integer from 1 to 1000"),
         ({"bogus": 1}, "unknown guard setting 'bogus'"),
     ],
@@ -238,6 +241,10 @@ def test_parse_thresholds_refuses_naming_the_setting(values, message):
 
 def test_parse_thresholds_defaults():
     assert guard.parse_thresholds({}) == guard.Thresholds()
+
+
+def test_parse_thresholds_accepts_migrate():
+    assert guard.parse_thresholds({"mode": "migrate"}).mode == "migrate"
     assert guard.Thresholds().warn_pct == 80.0 and guard.Thresholds().act_pct == 90.0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import tarfile
 from pathlib import Path
 
@@ -521,8 +522,10 @@ def test_measure_window_and_perf(trees, fixture_root):
     # Static files: nothing allocated in the window.
     node1 = result["nodes"][1]
     assert node1["numastat"] == {"local_node": 0, "other_node": 0, "miss_ratio": None}
-    assert node1["memory_used_kb"] == 2015616 - 1815904
-    assert node1["memory_used_pct"] == 9.91
+    # The guard's used: MemTotal - MemFree - (Active(file) 15824 + Inactive(file) 11752).
+    assert node1["memory_file_kb"] == 15824 + 11752
+    assert node1["memory_used_kb"] == 2015616 - 1815904 - 27576
+    assert node1["memory_used_pct"] == 8.54
     assert node1["hugepages"] == [{"size_kb": 2048, "total": 48}, {"size_kb": 1048576, "total": 0}]
 
 
@@ -605,3 +608,126 @@ def test_fixture_tarballs_are_up_to_date():
         check=False,
     )
     assert done.returncode == 0, done.stderr
+
+
+# ---- the memory guard's files (verify's spilled warning and guard checks) --------------------
+
+
+def _guard_files(tmp_path, config=None, state=None):
+    """numafleet-guard's config and state files as the role and the program write them."""
+    config_path, state_path = tmp_path / "guard.json", tmp_path / "state.json"
+    if config is not None:
+        config_path.write_text(config if isinstance(config, str) else json.dumps(config))
+    if state is not None:
+        state_path.write_text(state if isinstance(state, str) else json.dumps(state))
+    return str(state_path), str(config_path)
+
+
+GUARD_CONFIG = {
+    "version": 1,
+    "host": "gpu-a100-01",
+    "settings": {
+        "warn_pct": 80,
+        "act_pct": 90,
+        "act": "migrate",
+        "interval_s": 15,
+        "preflight": "warn",
+        "textfile": None,
+        "state_file": "/run/numafleet-guard/state.json",
+    },
+    "placements": [],
+}
+GUARD_STATE = {
+    "over_rounds": {"0": 0, "1": 0},
+    "levels": {"0": "ok", "1": "warn"},
+    "throttled": {},
+    "actions_total": [{"node": 1, "action": "migrate", "placement": "kv-low", "count": 1}],
+    "spilled": {"kv-low": {"from": [1], "to": [0], "since": 1738324800.5, "bytes": 943718400}},
+    "last_run": 1738324815.25,
+    "failures_total": 0,
+}
+
+
+def test_read_guard_reads_settings_last_run_and_spilled(tmp_path):
+    state, config = _guard_files(tmp_path, GUARD_CONFIG, GUARD_STATE)
+    got = locality.read_guard(state, config, now=1738324820.0, active="active")
+    assert got == {
+        "service": "numafleet-guard.service",
+        "active": "active",
+        "active_reason": None,
+        "config_file": config,
+        "settings": {"warn_pct": 80, "act_pct": 90, "act": "migrate", "interval_s": 15},
+        "config_reason": None,
+        "state_file": state,
+        "last_run": 1738324815.25,
+        "spilled": {"kv-low": {"from": [1], "to": [0], "since": 1738324800.5, "bytes": 943718400}},
+        "state_reason": None,
+        "read_at": 1738324820.0,
+    }
+
+
+@pytest.mark.parametrize(
+    ("config", "state", "config_reason", "state_reason"),
+    [
+        (None, None, "absent", "absent"),
+        ("{", "[]", "not JSON (", "not a JSON object but list"),
+        ({"version": 1}, dict(GUARD_STATE, last_run="soon"), "has no settings mapping", "last_run"),
+        (
+            GUARD_CONFIG,
+            dict(GUARD_STATE, spilled={"kv-low": {"from": [1]}}),
+            None,
+            "spilled placements do not parse",
+        ),
+    ],
+)
+def test_read_guard_names_what_it_could_not_use(
+    tmp_path, config, state, config_reason, state_reason
+):
+    state_path, config_path = _guard_files(tmp_path, config, state)
+    got = locality.read_guard(state_path, config_path, now=1.0)
+    # A bad last_run leaves the spilled map usable, and a bad spilled map the last run.
+    assert got["spilled"] == (GUARD_STATE["spilled"] if state_reason == "last_run" else {})
+    assert got["active"] is None
+    assert (got["config_reason"] or "").startswith(config_reason or "")
+    assert (got["config_reason"] is None) == (config_reason is None)
+    assert state_reason in got["state_reason"]
+
+
+@pytest.mark.parametrize(
+    ("service", "systemctl", "out", "active", "reason"),
+    [
+        (True, "/usr/bin/systemctl", "inactive\n", "inactive", None),
+        (True, "/usr/bin/systemctl", "", None, "systemctl is-active: rc 4"),
+        (True, None, "", None, "systemctl is not installed"),
+        (False, "/usr/bin/systemctl", "active\n", None, "not asked"),
+    ],
+)
+def test_measure_on_host_reads_the_guard_when_asked(
+    trees, fixture_root, tmp_path, service, systemctl, out, active, reason
+):
+    state, config = _guard_files(tmp_path, GUARD_CONFIG, GUARD_STATE)
+    calls = []
+
+    def run_command(argv, environ_update=None):
+        calls.append(argv)
+        return (0 if out.strip() == "active" else 4), out, ""
+
+    def get_bin_path(name):
+        return systemctl if name == "systemctl" else None
+
+    settings = {
+        "sysfs_root": f"{fixture_root('qemu-2node-pxb')}/sys",
+        "procfs_root": str(trees / "v1-legacy" / "proc"),
+        "cgroup_root": str(trees / "v1-legacy" / "cgroup"),
+        "window_s": 0,
+        "perf": "never",
+        "guard": {"state_file": state, "config_file": config, "service": service},
+    }
+    result = locality.measure_on_host([], settings, run_command, get_bin_path, lambda s: None)
+    guard = result["guard"]
+    assert (guard["active"], guard["spilled"]["kv-low"]["to"]) == (active, [0])
+    assert reason is None and guard["active_reason"] is None or reason in guard["active_reason"]
+    expected = [["/usr/bin/systemctl", "is-active", "numafleet-guard.service"]]
+    assert calls == (expected if service and systemctl else [])
+    del settings["guard"]
+    assert "guard" not in locality.measure_on_host([], settings, run_command, get_bin_path, None)

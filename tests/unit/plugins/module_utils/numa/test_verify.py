@@ -165,6 +165,58 @@ def test_offnode_share_without_pages_is_skipped_not_passed():
     assert check.message == "skipped: no anonymous or hugetlb pages resident"
 
 
+def spilled_measure(*services, spilled=None) -> dict:
+    """A measurement with host_apply's ``guard`` (the memory guard's state file read)."""
+    out = measure(*services)
+    out["guard"] = {"spilled": spilled or {}, "last_run": RUN_EPOCH, "state_reason": None}
+    return out
+
+
+SPILL = {"from": [0], "to": [1], "since": RUN_EPOCH, "bytes": 943718400}
+
+
+def test_a_placement_the_guard_moved_warns_spilled_instead_of_failing():
+    checks = verify.evaluate(
+        HOST,
+        make_plan(placement(), placement("kv")),
+        spilled_measure(
+            service(offnode_share=0.3), service("kv", offnode_share=0.3), spilled={"embed": SPILL}
+        ),
+    )
+    embed = pick(checks, "offnode_share", "embed")
+    text = "spilled (numafleet-guard moved it to node 1 at 2025-01-31T12:00:00Z)"
+    assert (embed.status, embed.detail) == ("warn", f"30% > 2%, {text}")
+    assert embed.message.startswith(
+        "30% of its anonymous and hugetlb memory is on nodes outside the plan's mems (target at "
+        f"most 2%): {text}, as numafleet_memory_act: migrate does"
+    )
+    assert pick(checks, "offnode_share", "kv").status == "fail"  # not spilled: still a failure
+
+
+def test_a_spilled_placement_back_under_the_target_passes():
+    checks = verify.evaluate(
+        HOST,
+        make_plan(placement()),
+        spilled_measure(service(offnode_share=0.01), spilled={"embed": SPILL}),
+    )
+    assert pick(checks, "offnode_share", "embed").status == "pass"
+
+
+def test_spilled_to_two_nodes_and_no_guard_state():
+    spill = dict(SPILL, to=[1, 2])
+    checks = verify.evaluate(
+        HOST,
+        make_plan(placement()),
+        spilled_measure(service(offnode_share=0.3), spilled={"embed": spill}),
+    )
+    assert "moved it to nodes 1,2 at" in pick(checks, "offnode_share").detail
+    plain = measure(service(offnode_share=0.3))
+    plain["guard"] = None  # host_apply did not read the guard's files
+    assert pick(verify.evaluate(HOST, make_plan(placement()), plain), "offnode_share").status == (
+        "fail"
+    )
+
+
 @pytest.mark.parametrize(
     ("binding", "cpus", "mems"),
     [
