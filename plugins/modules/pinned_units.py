@@ -123,6 +123,21 @@ options:
       - A placement's own C(hardening) in the plan wins over this default. Drop-ins never get them.
     type: bool
     default: true
+  preflight:
+    description:
+      - The preflight of the memory guard (role M(numafleet.tuning.memory_guard) installs the program)
+        in every unit and drop-in, as C(ExecStartPre=).
+      - V(enforce) writes C(ExecStartPre=/usr/local/sbin/numafleet-guard preflight --mode enforce <name>):
+        a failed check (a planned GPU on another NUMA node, CPUs offline, the memory node over its act
+        threshold, hugepages short) stops the start.
+      - V(warn) writes the same line with C(--mode warn) and the C(-) prefix, so neither a failed
+        check nor a missing program stops the service; the result goes to the journal.
+      - V(off) writes no line.
+      - A change of only this line rewrites the unit file but restarts nothing; it takes effect at the
+        unit's next start.
+    type: str
+    choices: [enforce, warn, "off"]
+    default: warn
   service_manager:
     description:
       - V(systemd) stops and disables removed C(numafleet-*.service) units with C(systemctl) and

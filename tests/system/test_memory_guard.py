@@ -47,9 +47,7 @@ def _plan(host: str) -> dict:
                 "memory_kb": 1048576,
                 "priority": "low",
                 "argv": ["/usr/bin/sleep", "infinity"],
-                "gpus": [
-                    {"address": "0000:81:00.0", "uuid": "GPU-1", "node": 1, "model": "x"}
-                ],
+                "gpus": [{"address": "0000:81:00.0", "uuid": "GPU-1", "node": 1, "model": "x"}],
             },
             {
                 "name": "web",
