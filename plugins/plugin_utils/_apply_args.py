@@ -938,8 +938,8 @@ def guard_problems(host: str, host_vars: Mapping) -> list:
     textfile = host_vars.get("numafleet_memory_guard_textfile_dir")
     if textfile is not None:
         why = ""
-        try:
-            units.check_text(textfile, "numafleet_memory_guard_textfile_dir")
+        try:  # as the role writes it into ReadWritePaths= (filter systemd_value, path)
+            units.escape_path(textfile, "numafleet_memory_guard_textfile_dir")
         except NumaTuneError as exc:
             why = f" ({exc})"
         if why or not _root_ok(textfile) or posixpath.normpath(textfile) != textfile:
