@@ -307,6 +307,15 @@ reexec_needed:
   returned: always
   type: bool
   sample: false
+rewritten:
+  description:
+    - Units (and units pinned by a drop-in) whose file changed only in the memory guard's
+      preflight line (C(ExecStartPre=), O(preflight)): written, never restarted; the line takes
+      effect at the unit's next start.
+  returned: always
+  type: list
+  elements: str
+  sample: [numafleet-llm.service]
 pid1_affinity_reset:
   description: When that file is removed, the argv run right after the re-exec to give PID 1 the
     plan's allowed CPUs back (systemd leaves PID 1's affinity as it is when C(CPUAffinity=) is

@@ -701,6 +701,7 @@ def _units(params: dict, host, ran: list) -> dict:
         slices=actions.slices,
         reload_needed=actions.reload_needed,
         reexec_needed=actions.reexec_needed,
+        rewritten=list(actions.rewritten),
         pid1_affinity_reset=reset or [],
         would_run=would_run,
         ran=ran,
