@@ -125,11 +125,11 @@ options:
     default: true
   preflight:
     description:
-      - The preflight of the memory guard (role M(numafleet.tuning.memory_guard) installs the program)
+      - The preflight of the memory guard (the role C(numafleet.tuning.memory_guard) installs the program)
         in every unit and drop-in, as C(ExecStartPre=).
-      - V(enforce) writes C(ExecStartPre=/usr/local/sbin/numafleet-guard preflight --mode enforce <name>):
-        a failed check (a planned GPU on another NUMA node, CPUs offline, the memory node over its act
-        threshold, hugepages short) stops the start.
+      - V(enforce) writes C(ExecStartPre=/usr/local/sbin/numafleet-guard preflight --mode enforce <name>),
+        so that a failed check (a planned GPU on another NUMA node, CPUs offline, the memory node over
+        its act threshold, hugepages short) stops the start.
       - V(warn) writes the same line with C(--mode warn) and the C(-) prefix, so neither a failed
         check nor a missing program stops the service; the result goes to the journal.
       - V(off) writes no line.
@@ -310,8 +310,8 @@ reexec_needed:
 rewritten:
   description:
     - Units (and units pinned by a drop-in) whose file changed only in the memory guard's
-      preflight line (C(ExecStartPre=), O(preflight)): written, never restarted; the line takes
-      effect at the unit's next start.
+      preflight line (C(ExecStartPre=), O(preflight)). They are written and never restarted;
+      the line takes effect at the unit's next start.
   returned: always
   type: list
   elements: str
