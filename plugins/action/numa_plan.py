@@ -65,6 +65,9 @@ ARGUMENT_SPEC = dict(
     amd_reset_ok=dict(type="bool", default=False),
     refuse=dict(type="bool", default=True),
     hardening=dict(type="bool", default=True),
+    preflight=dict(
+        type="str", default=units.DEFAULT_PREFLIGHT, choices=list(units.PREFLIGHT_MODES)
+    ),
     unit_dir=dict(type="str", default=units.DEFAULT_UNIT_DIR),
     mps_unit_dir=dict(type="str", default=units.DEFAULT_UNIT_DIR),
     mps_control_path=dict(type="str", default=mps.DEFAULT_CONTROL),
@@ -76,6 +79,7 @@ ARGUMENT_SPEC = dict(
 # and the renderers' settings from the role inputs the playbook's apply would use.
 _RENDER_INPUTS = {
     "hardening": "pinned_services_hardening",
+    "preflight": "pinned_services_preflight",
     "unit_dir": "pinned_services_unit_dir",
     "mps_unit_dir": "nvidia_mps_unit_dir",
     "mps_control_path": "nvidia_mps_control_path",
@@ -291,6 +295,8 @@ class ActionModule(ControllerAction):
         if playbook in ("site.yml", "drift_check.yml"):
             applied = _apply_args.build(host, inputs, plan, facts)
             problems += _apply_args.name_host_variables(applied.problems)
+        if playbook == "site.yml":
+            problems += _apply_args.guard_problems(host, variables)
         if playbook == "drift_check.yml":
             problems += _apply_args.measure_problems(host, variables)
         if playbook == "verify.yml":
@@ -320,7 +326,7 @@ class ActionModule(ControllerAction):
         """
         try:
             unit_files = units.render_files(
-                plan, units.DEFAULT_HEADER, args["hardening"], args["unit_dir"]
+                plan, units.DEFAULT_HEADER, args["hardening"], args["unit_dir"], args["preflight"]
             )
         except UnitRenderError as exc:
             raise UnitRenderError(_named(host, str(exc), _UNIT_OPTIONS)) from None
@@ -355,4 +361,12 @@ class ActionModule(ControllerAction):
             repack=args["repack"],
             awaited=(old_plan or {}).get("awaiting_restart") or [],
             amd_reset_ok=args["amd_reset_ok"],
+            # Unit files that differ from the recorded ones only in the preflight line.
+            preflight_variants=lambda: [
+                units.render_files(
+                    plan, units.DEFAULT_HEADER, args["hardening"], args["unit_dir"], mode
+                )
+                for mode in units.PREFLIGHT_MODES
+                if mode != args["preflight"]
+            ],
         )

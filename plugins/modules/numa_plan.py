@@ -235,6 +235,15 @@ options:
         C(pinned_services_hardening)), for the rendering and the change plan.
     type: bool
     default: true
+  preflight:
+    description:
+      - The C(preflight) option the units are rendered with (the role variable
+        C(pinned_services_preflight), from C(numafleet_preflight) under site.yml), for the rendering and
+        the change plan. A unit whose file differs only in the preflight's C(ExecStartPre=) line is
+        listed as C(rewritten), not restarted.
+    type: str
+    choices: [enforce, warn, "off"]
+    default: warn
   unit_dir:
     description: Directory of the pinned units on the host (C(pinned_services_unit_dir)), for the rendering and the change plan.
     type: str

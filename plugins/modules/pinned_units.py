@@ -123,6 +123,21 @@ options:
       - A placement's own C(hardening) in the plan wins over this default. Drop-ins never get them.
     type: bool
     default: true
+  preflight:
+    description:
+      - The preflight of the memory guard (the role C(numafleet.tuning.memory_guard) installs the program)
+        in every unit and drop-in, as C(ExecStartPre=).
+      - V(enforce) writes C(ExecStartPre=/usr/local/sbin/numafleet-guard preflight --mode enforce <name>),
+        so that a failed check (a planned GPU on another NUMA node, CPUs offline, the memory node over
+        its act threshold, hugepages short) stops the start.
+      - V(warn) writes the same line with C(--mode warn) and the C(-) prefix, so neither a failed
+        check nor a missing program stops the service; the result goes to the journal.
+      - V(off) writes no line.
+      - A change of only this line rewrites the unit file but restarts nothing; it takes effect at the
+        unit's next start.
+    type: str
+    choices: [enforce, warn, "off"]
+    default: warn
   service_manager:
     description:
       - V(systemd) stops and disables removed C(numafleet-*.service) units with C(systemctl) and
@@ -292,6 +307,15 @@ reexec_needed:
   returned: always
   type: bool
   sample: false
+rewritten:
+  description:
+    - Units (and units pinned by a drop-in) whose file changed only in the memory guard's
+      preflight line (C(ExecStartPre=), O(preflight)). They are written and never restarted;
+      the line takes effect at the unit's next start.
+  returned: always
+  type: list
+  elements: str
+  sample: [numafleet-llm.service]
 pid1_affinity_reset:
   description: When that file is removed, the argv run right after the re-exec to give PID 1 the
     plan's allowed CPUs back (systemd leaves PID 1's affinity as it is when C(CPUAffinity=) is

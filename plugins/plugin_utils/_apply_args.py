@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import re
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -28,6 +29,7 @@ from ansible_collections.numafleet.tuning.plugins.module_utils.numa import (
     cmdline,
     gpu_settings,
     partition,
+    units,
 )
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.cpulist import format_cpulist
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa.errors import NumaTuneError
@@ -89,6 +91,7 @@ ROLE_DEFAULTS: dict = {
     "nvidia_mps_nvidia_smi_path": "/usr/bin/nvidia-smi",
     "pinned_services_render_root": None,
     "pinned_services_hardening": True,
+    "pinned_services_preflight": "warn",
     "pinned_services_restart": "auto",
     "pinned_services_unit_dir": "/etc/systemd/system",
     "pinned_services_manifest_path": "/etc/numafleet/manifest.json",
@@ -765,6 +768,7 @@ def _units(host, inp, plan, facts, out):
         "unit_dir": inp["pinned_services_unit_dir"],
         "manifest_path": inp["pinned_services_manifest_path"],
         "hardening": inp["pinned_services_hardening"],
+        "preflight": inp["pinned_services_preflight"],
     }
     out["units"] = args
     if errors:
@@ -895,6 +899,56 @@ def verify_problems(host: str, host_vars: Mapping) -> list:
             f"numafleet_verify_perf is '{_text(perf)}'; the window is a number of seconds from 0 "
             "to 3600 (e.g. 5; 0 = one sample) and perf is auto or never."
         )
+    return problems
+
+
+def _whole(value) -> bool:
+    """An int (not a bool), or a float with no fraction: a whole percentage or count."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+
+
+def guard_problems(host: str, host_vars: Mapping) -> list:
+    """site.yml's check of the memory guard's host variables (role memory_guard), before the
+    gate: numafleet_memory_warn_pct and numafleet_memory_act_pct whole numbers with
+    1 <= warn < act <= 99, numafleet_memory_guard_interval 1 to 3600 seconds,
+    numafleet_memory_guard_textfile_dir an absolute path other than / (or unset). Only when the
+    guard's program is installed (numafleet_memory_guard, or numafleet_preflight not off); the
+    types and choices are host_vars_check's. [] when they are right."""
+    host_vars = host_vars if isinstance(host_vars, Mapping) else {}
+    enabled = _bool(host_vars.get("numafleet_memory_guard", True))
+    if not enabled and host_vars.get("numafleet_preflight", "warn") == "off":
+        return []
+    problems = []
+    warn = host_vars.get("numafleet_memory_warn_pct", 80)
+    act = host_vars.get("numafleet_memory_act_pct", 90)
+    if not (_whole(warn) and _whole(act) and 1 <= warn < act <= 99):
+        problems.append(
+            f"host {host}: numafleet_memory_warn_pct is {_json(warn)} and "
+            f"numafleet_memory_act_pct is {_json(act)}; the memory guard takes whole percentages "
+            "of a NUMA node's memory with 1 <= warn < act <= 99, e.g. 80 and 90."
+        )
+    interval = host_vars.get("numafleet_memory_guard_interval", 15)
+    if not (_whole(interval) and 1 <= interval <= 3600):
+        problems.append(
+            f"host {host}: numafleet_memory_guard_interval is {_json(interval)}; give the seconds "
+            "between two rounds of the memory guard as a whole number from 1 to 3600, e.g. 15."
+        )
+    textfile = host_vars.get("numafleet_memory_guard_textfile_dir")
+    if textfile is not None:
+        why = ""
+        try:  # as the role writes it into ReadWritePaths= (filter systemd_value, path)
+            units.escape_path(textfile, "numafleet_memory_guard_textfile_dir")
+        except NumaTuneError as exc:
+            why = f" ({exc})"
+        if why or not _root_ok(textfile) or posixpath.normpath(textfile) != textfile:
+            problems.append(
+                f"host {host}: numafleet_memory_guard_textfile_dir is {_json(textfile)}; give "
+                "node_exporter's textfile collector directory as an absolute path other than /, "
+                "written plainly (no '.', '..', '//' or trailing '/', no control characters), "
+                f"e.g. /var/lib/node_exporter/textfile, or leave it unset for no metrics file{why}."
+            )
     return problems
 
 

@@ -962,6 +962,64 @@ HOST_VARS = (
         "unit of the host.",
         (SITE, DRIFT),
     ),
+    # -- the memory guard (site.yml: role memory_guard; the preflight of the pinned units) -------
+    HostVar(
+        "numafleet_memory_guard",
+        "bool",
+        True,
+        "Run numafleet-guard.service, the memory guard that keeps each NUMA node under "
+        "numafleet_memory_act_pct by acting on its low and normal placements "
+        "(docs/memory-guard.md). false disables and stops it.",
+        (SITE, VERIFY),
+    ),
+    HostVar(
+        "numafleet_memory_act_pct",
+        "int",
+        90,
+        "The memory guard acts on a NUMA node at or above this percentage of its memory in use "
+        "(two rounds in a row): a whole number above numafleet_memory_warn_pct, at most 99.",
+        (SITE, VERIFY),
+        minimum=1,
+    ),
+    HostVar(
+        "numafleet_memory_act",
+        "str",
+        "reclaim",
+        "What the memory guard does to a node's low, then normal placements at the act "
+        "threshold: reclaim (write memory.reclaim), throttle (lower memory.high until the node "
+        "is back under warn) or migrate (move their pages to the nearest node with room).",
+        (SITE, VERIFY),
+        choices=("reclaim", "throttle", "migrate"),
+    ),
+    HostVar(
+        "numafleet_memory_guard_interval",
+        "int",
+        15,
+        "Seconds between two rounds of the memory guard, 1 to 3600.",
+        (SITE, VERIFY),
+        minimum=1,
+    ),
+    HostVar(
+        "numafleet_memory_guard_textfile_dir",
+        "path",
+        None,
+        "node_exporter's textfile collector directory (absolute path): the memory guard writes "
+        "numafleet_guard.prom there after every round; unset writes no metrics file.",
+        (SITE,),
+    ),
+    HostVar(
+        "numafleet_preflight",
+        "str",
+        "warn",
+        "The preflight of every pinned unit (ExecStartPre=numafleet-guard preflight): enforce "
+        "(a failed check - a planned GPU on another NUMA node, CPUs offline, the memory node over "
+        "its act threshold, hugepages short - stops the start), warn (logged; the unit starts) "
+        "or off (no line). A change of it alone restarts nothing: it takes effect at each unit's "
+        "next start. Quote 'off' (YAML reads off as false).",
+        (SITE, DRIFT),
+        role_inputs=("pinned_services_preflight",),
+        choices=("enforce", "warn", "off"),
+    ),
     # -- verify.yml and drift_check.yml ----------------------------------------------------------
     HostVar(
         "numafleet_cgroup_root",
@@ -1003,9 +1061,10 @@ HOST_VARS = (
         "numafleet_memory_warn_pct",
         "float",
         80,
-        "A NUMA node warns when its memory use is at or above this percentage (0-100).",
-        (VERIFY, DRIFT),
-        checked_by=_THRESHOLDS,
+        "A NUMA node warns when its memory use is at or above this percentage (0-100); the "
+        "memory guard (site.yml) logs it, and takes a whole number from 1 to 98 there.",
+        (SITE, VERIFY, DRIFT),
+        checked_by=_THRESHOLDS + " and the memory guard check of site.yml",
         type_text="number",
     ),
     HostVar(

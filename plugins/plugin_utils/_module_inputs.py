@@ -264,6 +264,7 @@ def _pinned_checks(args: dict) -> list:
             args.get("header", units.DEFAULT_HEADER),
             bool(args.get("hardening", True)),
             unit_dir,
+            args.get("preflight", units.DEFAULT_PREFLIGHT),
         )
         for path in files:
             _fits("unit_dir", path)

@@ -359,6 +359,13 @@ FIELDS = (
     Field("thp_defrag", "numafleet_thp_defrag", _kernel_choice("numafleet_thp_defrag")),
     Field("numad", "numafleet_numad", _kernel_choice("numafleet_numad")),
     Field("restart", "numafleet_restart", _kernel_choice("numafleet_restart")),
+    Field("preflight", "numafleet_preflight", _kernel_choice("numafleet_preflight")),
+    Field("memory_act", "numafleet_memory_act", _kernel_choice("numafleet_memory_act")),
+    Field(
+        "memory_guard_textfile_dir",
+        "numafleet_memory_guard_textfile_dir",
+        _path("numafleet_memory_guard_textfile_dir"),
+    ),
     Field(
         "render_root",
         "numafleet_render_root",

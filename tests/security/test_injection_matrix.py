@@ -148,6 +148,9 @@ COVERED_BY = {
     "numafleet_kernel_isolation": "kernel_isolation",
     "numafleet_mig_parted_config": "mig_parted_config",
     "numafleet_restart": "restart",
+    "numafleet_preflight": "preflight",
+    "numafleet_memory_act": "memory_act",
+    "numafleet_memory_guard_textfile_dir": "memory_guard_textfile_dir",
     "numafleet_render_root": "render_root",
 }
 # Left out (injection.LEFT_OUT says why).

@@ -125,6 +125,7 @@ def test_resizing_one_placement_moves_and_restarts_only_it(edited):
     after = read_tree(edited.root())
     changed = sorted(path for path in after if after[path] != before.get(path))
     assert changed == [
+        "etc/numafleet/guard.json",  # the memory guard's placements (re-read, no restart)
         "etc/numafleet/manifest.json",  # records each file's sha256 (manifest version 2)
         "etc/numafleet/plan.json",
         f"{UNITS}/numafleet-rerank-b.service",

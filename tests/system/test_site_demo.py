@@ -67,11 +67,14 @@ def test_first_run_succeeds_on_every_host(fleet):
     assert sorted(run.stats) == fleet.hosts, run.explain()
     for host, stats in run.stats.items():
         assert stats["failures"] == 0 and stats["unreachable"] == 0, (host, stats)
-    # One changed task, the apply, whose five layers all changed something: pools, kernel
-    # knobs, MIG files, MPS units, pinned units.
-    assert run.stats["gpu-a100-01"]["changed"] == 1, run.explain()
-    applied = [r["action"] for r in run.results("gpu-a100-01") if r.get("changed")]
+    # Besides the memory guard's files (its role), one changed task, the apply, whose five layers
+    # all changed something: pools, kernel knobs, MIG files, MPS units, pinned units.
+    changed = [r for r in run.results("gpu-a100-01") if r.get("changed")]
+    applied = [r["action"] for r in changed if not r["task"].startswith(GUARD_ROLE)]
     assert applied == ["numafleet.tuning.host_apply"], applied
+    guard = {r["task"][len(GUARD_ROLE) :] for r in changed if r["task"].startswith(GUARD_ROLE)}
+    assert {"Write the guard configuration", "Write the guard service"} <= guard, guard
+    assert guard <= GUARD_WRITES, guard
     layers = run.one("gpu-a100-01", APPLY_TASK)["layers"]
     assert [name for name in LAYERS if layers[name]["changed"]] == LAYERS, layers
 
@@ -87,11 +90,32 @@ def test_second_run_changes_nothing(fleet):
         assert not [line for line in lines if "systemctl" in line], (result["host"], lines)
 
 
+GUARD_ROLE = "numafleet.tuning.memory_guard : "
+GUARD_WRITES = {
+    "Create the program, configuration and unit directories",
+    "Copy the program modules",
+    "Write the package's __init__.py",
+    "Copy the launcher",
+    "Write the guard configuration",
+    "Write the guard configuration for the plan made again",
+    "Create the textfile collector directory",
+    "Write the guard service",
+}
+GUARD_MODULES = {
+    "ansible.builtin.file",
+    "ansible.builtin.copy",
+    "ansible.builtin.template",
+    "ansible.builtin.stat",
+    "ansible.builtin.validate_argument_spec",
+}
+
+
 # Actions that run on the controller only (cheap); everything else is a module sent to the host.
 CONTROLLER_SIDE = {
     "numafleet.tuning.numa_plan",
     "numafleet.tuning.host_vars_check",
     "ansible.builtin.include_tasks",
+    "ansible.builtin.include_role",
     "ansible.builtin.assert",
     "ansible.builtin.debug",
     "ansible.builtin.fail",
@@ -136,8 +160,19 @@ def test_modules_run_once_per_role_per_host(fleet):
         ):
             gpu_layers.append("amd")
         with_gpu_roles[host] = gpu_layers
-        ran = [r["action"] for r in fleet.first.results(host) if r["status"] != "skipped"]
+        ran = [
+            r["action"]
+            for r in fleet.first.results(host)
+            if r["status"] != "skipped" and not r["task"].startswith(GUARD_ROLE)
+        ]
         remote = sorted(a for a in ran if a not in CONTROLLER_SIDE)
+        # The memory guard's role (before the apply) only writes files in render mode.
+        guard = {
+            r["action"]
+            for r in fleet.first.results(host)
+            if r["status"] != "skipped" and r["task"].startswith(GUARD_ROLE)
+        }
+        assert guard - CONTROLLER_SIDE <= GUARD_MODULES, (host, sorted(guard))
         assert remote == ["numafleet.tuning.host_apply", "numafleet.tuning.numa_facts"], (
             host,
             ran,
@@ -331,7 +366,15 @@ def test_every_host_has_a_manifest_of_what_it_owns(fleet):
         # "Render mode and the demo fleet"): the running state of the rendered host, not files
         # site.yml installs.
         gpu_files |= {p for p in files if p.startswith("var/lib/numafleet/render/")}
-        assert owned == sorted(p for p in files if p not in others | gpu_files), host
+        # The memory guard's role owns its files at fixed paths (roles/memory_guard).
+        guard_files = {
+            p
+            for p in files
+            if p.startswith(("usr/local/lib/numafleet-guard/", "usr/local/sbin/numafleet-guard"))
+            or p in ("etc/numafleet/guard.json", f"{UNITS}/numafleet-guard.service")
+        }
+        assert "etc/numafleet/guard.json" in guard_files, host
+        assert owned == sorted(p for p in files if p not in others | gpu_files | guard_files), host
         if gpu_files:
             mps = json.loads(files.get("etc/numafleet/mps-units.json", '{"files": []}'))
             mps_owned = {path.lstrip("/") for path in mps["files"]}

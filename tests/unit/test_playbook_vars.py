@@ -49,7 +49,7 @@ ROLES = [
 SOURCES = schema.role_input_sources()
 # A numafleet_* name that is read: not an attribute (ansible_facts.numafleet_plan), not internal
 # (__numafleet_site_plan), not a file name (numafleet_drift.prom).
-READ = re.compile(r"(?<![\w.])numafleet_[a-z0-9_]+(?![a-z0-9_])(?!\.(?:prom|json|ya?ml|py)\b)")
+READ = re.compile(r"(?<![\w./])numafleet_[a-z0-9_]+(?![a-z0-9_])(?!\.(?:prom|json|ya?ml|py)\b)")
 DEFAULT = re.compile(r"(?<![\w.])(numafleet_\w+)\s*\|\s*default\(([^()]*)\)")
 # The host variables each playbook's tasks read in Python (numa_plan with playbook:, host_apply).
 _APPLY_READS = set(SOURCES.values()) | set(_plan_inputs.PLAN_VARIABLES.values())
@@ -270,7 +270,11 @@ def test_site_yml_plans_every_host_before_it_applies_any():
     registered = [task.get("register") for task in plan["tasks"]]
     assert {"__numafleet_inputs_check", "__numafleet_site_plan"} <= set(registered)
     assert "['__numafleet_inputs_check', '__numafleet_site_plan']" in json.dumps(gate["vars"])
-    assert [task["name"] for task in apply["tasks"]][0] == "Apply the placements"
+    # The memory guard first: the pinned units' ExecStartPre= runs its preflight.
+    assert [task["name"] for task in apply["tasks"]][:2] == [
+        "Install the memory guard",
+        "Apply the placements",
+    ]
 
 
 def test_verify_checks_the_host_variables_before_reading_the_host():

@@ -15,7 +15,7 @@ unless allowed. Pure: no I/O.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 from . import limits, mps, priority, units
 from .cpulist import format_cpulist
@@ -266,6 +266,7 @@ def change_plan(
     repack: bool = False,
     awaited=(),
     amd_reset_ok: bool = False,
+    preflight_variants: Optional[Callable[[], list]] = None,
 ) -> dict:
     """ansible_facts.numafleet_changes of one host (see the module docs of numa_plan).
 
@@ -280,7 +281,10 @@ def change_plan(
     whatever ``restart`` says (the layer does not read it); a unit that systemd stops with them
     (Requires=, BindsTo=, PartOf=) is not started again by that layer: it is in stop_through.
     ``refused`` lists the blast-radius guards that fired (empty when allowed); the caller fails
-    the host with them, before the gate.
+    the host with them, before the gate. preflight_variants: called only when a unit file
+    changes, it returns the unit files rendered with the other preflight modes ([{host path:
+    text}]); a unit whose recorded digest is that of such a variant differs only in
+    numafleet-guard's ExecStartPre= line: it is ``rewritten`` and not restarted.
     """
     owned = [
         path
@@ -299,10 +303,12 @@ def change_plan(
     owned_mps = [p for p in owned if unit_of(p).startswith("nvidia-mps@")]
     owned_units = [p for p in owned if p not in owned_mps]
     waiting = units.waiting_units(new_plan)
+    unit_changes = file_changes(unit_files, recorded_files, owned_units)
     pinned = units.plan_actions(
-        file_changes(unit_files, recorded_files, owned_units),
+        unit_changes,
         waiting,
         set(units.waiting_units(old_plan)),
+        _preflight_paths(unit_changes, preflight_variants),
     )
     daemons, dummy = mps.plan_daemons(new_plan)
     daemon_actions = mps.plan_actions(file_changes(mps_files, recorded_files, owned_mps), daemons)
@@ -421,6 +427,8 @@ def change_plan(
             "restart_through": {} if never else _via_text(via_restart),
             "stop_through": _via_text(dict(sorted({**via_stop, **via_amd}.items()))),
             "restart_awaited": [] if never else restart_awaited,
+            # Changed only in numafleet-guard's ExecStartPre=: written, not restarted.
+            "rewritten": list(pinned.rewritten),
             "awaiting_restart": (
                 sorted(
                     set(restart_units) | set(try_restart) | set(via_restart) | set(restart_awaited)
@@ -457,6 +465,7 @@ def change_plan(
         or unpinned
         or restart_units
         or try_restart
+        or pinned.rewritten
         or result["units"]["restart_awaited"]
         or mig
         or amd
@@ -467,6 +476,21 @@ def change_plan(
     result["lines"] = change_lines(result)
     result["summary"] = change_summary(result)
     return result
+
+
+def _preflight_paths(changes: list, variants: Optional[Callable[[], list]]) -> set:
+    """Paths of updated unit files whose recorded digest (FileChange.before) is the digest of the
+    same file rendered with another preflight mode: only the ExecStartPre= line differs."""
+    updated = [change for change in changes if change.state == "update"]
+    if not updated or variants is None:
+        return set()
+    found = set()
+    for files in variants():
+        for change in updated:
+            text = files.get(change.path)
+            if text is not None and digest(text) == change.before:
+                found.add(change.path)
+    return found
 
 
 def _via_text(via: dict) -> dict:
@@ -492,6 +516,9 @@ def change_summary(changes: dict) -> str:
     slices = sum(len(names) for names in unit_actions["slices"].values())
     if slices:
         units_text.append(f"{slices} slice{'' if slices == 1 else 's'} written")
+    rewritten = len(unit_actions.get("rewritten") or ())
+    if rewritten:
+        units_text.append(f"{rewritten} rewritten for the preflight")
     if unit_actions.get("reexec"):
         units_text.append("systemd re-executed")
     if changes["hugepages"]:
@@ -560,6 +587,11 @@ def change_lines(changes: dict) -> list:
     for key, label in labels:
         if unit_actions[key]:
             lines.append(f"  {label}: {', '.join(unit_actions[key])}")
+    if unit_actions.get("rewritten"):
+        lines.append(
+            f"  rewritten; ExecStartPre= (preflight) takes effect at its next start: "
+            f"{', '.join(unit_actions['rewritten'])}"
+        )
     for unit, why in (unit_actions.get("restart_reasons") or {}).items():
         if unit in unit_actions["restart"] or unit in unit_actions["restart_if_running"]:
             lines.append(f"  why {unit} restarts: {why}")

@@ -185,6 +185,7 @@ SPECS = {
         plan_path=dict(type="path", default=_UNITS_PLAN_PATH),
         header=dict(type="str", default=_UNITS_HEADER),
         hardening=dict(type="bool", default=True),
+        preflight=dict(type="str", default="warn", choices=["enforce", "warn", "off"]),
         service_manager=_SYSTEMD,
     ),
 }
@@ -641,7 +642,9 @@ def _units(params: dict, host, ran: list) -> dict:
     root, systemd = params["root"], params["service_manager"] == "systemd"
     unit_dir = units.check_host_path("unit_dir", params["unit_dir"])
     manifest_path = units.check_host_path("manifest_path", params["manifest_path"])
-    desired = units.render_files(params["plan"], params["header"], params["hardening"], unit_dir)
+    desired = units.render_files(
+        params["plan"], params["header"], params["hardening"], unit_dir, params["preflight"]
+    )
     plan_path = units.check_host_path("plan_path", params["plan_path"])
     manifest = units.read_manifest(root, manifest_path)
     owned, kept = units.removable(root, manifest, desired, unit_dir, params["header"])
@@ -698,6 +701,7 @@ def _units(params: dict, host, ran: list) -> dict:
         slices=actions.slices,
         reload_needed=actions.reload_needed,
         reexec_needed=actions.reexec_needed,
+        rewritten=list(actions.rewritten),
         pid1_affinity_reset=reset or [],
         would_run=would_run,
         ran=ran,

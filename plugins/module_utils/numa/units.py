@@ -35,6 +35,14 @@ _UNRECORDED_PLAN_KEYS = ("stability", "warnings")
 _UNRECORDED_ENTRY_KEYS = ("warnings",)
 DROPIN_NAME = "50-numafleet.conf"
 DEFAULT_SLICE = "numafleet.slice"
+# numafleet-guard (role numafleet.tuning.memory_guard): its preflight runs as ExecStartPre= of
+# every pinned unit. enforce: a failed check stops the start; warn: "-", so neither a failed check
+# nor a missing program stops the service; off: no line.
+GUARD_PROGRAM = "/usr/local/sbin/numafleet-guard"
+PREFLIGHT_MODES = ("enforce", "warn", "off")
+DEFAULT_PREFLIGHT = "warn"
+_PREFLIGHT_LINE = re.compile(r"^ExecStartPre=-?" + re.escape(GUARD_PROGRAM) + r" preflight ")
+_PLAIN_WORD = re.compile(r"^[A-Za-z0-9_.:@-]+\Z")
 MANIFEST_VERSION = 2
 PLAN_VERSION = 1
 FILE_MODE = 0o644
@@ -628,13 +636,48 @@ def _exec_start(placement: dict, where: str) -> str:
     return exec_line(argv, f"{where}.exec")
 
 
+def preflight_entries(placement: dict, where: str, mode: str) -> list:
+    """[("ExecStartPre", "...numafleet-guard preflight --mode <mode> <name>")] of a placement, or
+    [] when ``mode`` is off. warn gets the "-" prefix: its exit status never fails the start (nor
+    does a missing program). Raises UnitRenderError on a mode that is not in PREFLIGHT_MODES."""
+    if mode not in PREFLIGHT_MODES:
+        raise UnitRenderError(
+            f"preflight is {mode!r}; use one of {', '.join(PREFLIGHT_MODES)} (numafleet_preflight)"
+        )
+    if mode == "off":
+        return []
+    name = _get(placement, "name", (str,), where)
+    word = name if _PLAIN_WORD.match(name) else quote_exec_arg(name, f"{where}.name")
+    prefix = "-" if mode == "warn" else ""
+    return [("ExecStartPre", f"{prefix}{GUARD_PROGRAM} preflight --mode {mode} {word}")]
+
+
+def preflight_only(before: Optional[str], after: Optional[str]) -> bool:
+    """Whether two texts of a unit file differ only in numafleet-guard's ExecStartPre= line (the
+    change matters at the unit's next start: nothing is restarted for it)."""
+    if before is None or after is None or before == after:
+        return False
+
+    def rest(text: str) -> list:
+        return [line for line in text.splitlines() if not _PREFLIGHT_LINE.match(line)]
+
+    return rest(before) == rest(after)
+
+
 def _render_service(
-    placement: dict, where: str, header: list[str], hardening: bool, daemons: dict
+    placement: dict,
+    where: str,
+    header: list[str],
+    hardening: bool,
+    daemons: dict,
+    preflight: str = "off",
 ) -> str:
     name = _get(placement, "name", (str,), where)
     description = _get(placement, "description", (str,), where, required=False)
     unit_entries, pinning = _placement_entries(placement, where, daemons=daemons)
-    service = [("Type", "simple"), ("ExecStart", _exec_start(placement, where))]
+    service = [("Type", "simple")]
+    service.extend(preflight_entries(placement, where, preflight))
+    service.append(("ExecStart", _exec_start(placement, where)))
     for key in ("user", "group"):
         value = _get(placement, key, (str,), where, required=False)
         if value:
@@ -695,11 +738,16 @@ def render_files(
     header: str = DEFAULT_HEADER,
     hardening_default: bool = True,
     unit_dir: str = DEFAULT_UNIT_DIR,
+    preflight: str = "off",
 ) -> dict[str, str]:
-    """{path as on the host: text} of every service, drop-in and tenant slice; raises UnitRenderError."""
+    """{path as on the host: text} of every service, drop-in and tenant slice; raises UnitRenderError.
+
+    ``preflight``: enforce, warn or off, numafleet-guard's ExecStartPre= line in each service and
+    drop-in (preflight_entries; the modules default to warn, this function to off).
+    """
     prefix = _host_prefix(plan)
     try:
-        return _render_files(plan, header, hardening_default, unit_dir)
+        return _render_files(plan, header, hardening_default, unit_dir, preflight)
     except UnitRenderError as exc:
         if prefix and not str(exc).startswith(prefix):
             raise UnitRenderError(f"{prefix}{exc}") from None
@@ -707,9 +755,14 @@ def render_files(
 
 
 def _render_files(
-    plan: dict, header: str, hardening_default: bool, unit_dir: str
+    plan: dict, header: str, hardening_default: bool, unit_dir: str, preflight: str = "off"
 ) -> dict[str, str]:
     unit_dir = check_host_path("unit_dir", unit_dir)
+    if preflight not in PREFLIGHT_MODES:
+        raise UnitRenderError(
+            f"preflight is {preflight!r}; use one of {', '.join(PREFLIGHT_MODES)} "
+            "(numafleet_preflight)"
+        )
     lines = header_lines(header)
     if not isinstance(plan, dict):
         raise UnitRenderError(f"plan is {type(plan).__name__}, not a mapping; {_REPLAN}")
@@ -745,6 +798,7 @@ def _render_files(
                 lines,
                 hardening_default if hardening is None else hardening,
                 daemons,
+                preflight,
             )
             add(posixpath.join(unit_dir, unit), text, where)
         elif kind == "dropin":
@@ -752,6 +806,8 @@ def _render_files(
                 _get(placement, "unit", (str,), where), ".service", f"{where}.unit"
             )
             unit_entries, service = _placement_entries(placement, where, True, daemons)
+            # Appended to the vendor unit's own ExecStartPre= lines (never reset).
+            service = preflight_entries(placement, where, preflight) + service
             text = unit_document(lines, [("Unit", unit_entries), ("Service", service)])
             add(posixpath.join(unit_dir, f"{unit}.d", DROPIN_NAME), text, where)
         else:
@@ -858,6 +914,9 @@ class Actions:
     # The system.conf.d drop-in (partition.py) was written or removed: PID 1 reads it only
     # when it re-executes (systemctl daemon-reexec; no unit is restarted).
     reexec_needed: bool = False
+    # Units whose file changed only in numafleet-guard's ExecStartPre= (preflight_only): written,
+    # never restarted; the line takes effect at the unit's next start.
+    rewritten: tuple = ()
 
     def would_run(self) -> list[str]:
         """The systemctl command lines, in the order they are to run, then one line per waiting
@@ -919,7 +978,9 @@ def recorded_waiting(text: Optional[str]) -> set:
 _UNIT_STATE = {"create": "new", "update": "changed", "remove": "removed", "unchanged": "unchanged"}
 
 
-def plan_actions(changes: list[FileChange], waiting: Optional[dict] = None, waited=()) -> Actions:
+def plan_actions(
+    changes: list[FileChange], waiting: Optional[dict] = None, waited=(), preflight_paths=()
+) -> Actions:
     """Units and slices by state, and the services to disable, (try-)restart and start; no I/O.
 
     Slices and scopes (the partition's init.scope) are listed in ``slices`` and never
@@ -932,11 +993,15 @@ def plan_actions(changes: list[FileChange], waiting: Optional[dict] = None, wait
     exist yet; they are written but never enabled, started or (try-)restarted. ``waited``: the
     units that waited in the plan applied last (recorded_waiting); one that waits no more was
     never started, so it is enabled and started (not restarted), even when its file is unchanged.
+    A unit (or drop-in) whose file changed only in numafleet-guard's ExecStartPre= line is in
+    ``rewritten``, not restarted: the preflight runs at its next start anyway. ``preflight_paths``:
+    paths known to differ only in that line where the changes carry digests, not texts (the
+    change plan's; changes.change_plan).
     """
     waiting = waiting or {}
     units: dict = {state: [] for state in ("new", "changed", "removed", "unchanged")}
     slices: dict = {state: [] for state in ("new", "changed", "removed", "unchanged")}
-    disable, restart, start, try_restart = [], [], [], []
+    disable, restart, start, try_restart, rewritten = [], [], [], [], []
     reexec = False
     for change in changes:
         unit, state = unit_of(change.path), _UNIT_STATE[change.state]
@@ -952,7 +1017,11 @@ def plan_actions(changes: list[FileChange], waiting: Optional[dict] = None, wait
         if unit in waited and state in ("changed", "unchanged") and not is_dropin(change.path):
             start.append(unit)
             continue
-        if is_dropin(change.path):
+        if state == "changed" and (
+            change.path in preflight_paths or preflight_only(change.before, change.after)
+        ):
+            rewritten.append(unit)  # the preflight line alone: it matters at the next start
+        elif is_dropin(change.path):
             if state != "unchanged":
                 try_restart.append(unit)  # the user's unit: never enabled, disabled or started
         elif state == "new":
@@ -971,6 +1040,7 @@ def plan_actions(changes: list[FileChange], waiting: Optional[dict] = None, wait
         try_restart=tuple(sorted(try_restart)),
         waiting=tuple(sorted(waiting.items())),
         reexec_needed=reexec,
+        rewritten=tuple(sorted(rewritten)),
     )
 
 

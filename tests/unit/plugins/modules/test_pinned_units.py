@@ -450,3 +450,30 @@ def test_the_module_fails_when_another_run_holds_the_lock(run_module, scratch, m
     assert str(lock) in result["msg"] and "PID 4242" in result["msg"]
     assert not (scratch / UNIT_DIR / "numafleet-a.service").exists()
     assert checked["failed"] is False and checked["changed"] is True  # check mode takes no lock
+
+
+def test_a_preflight_only_change_rewrites_and_restarts_nothing(run_module, scratch, systemctl):
+    """The first run of a release with the memory guard's preflight (or a new mode): the unit
+    files get the ExecStartPre= line, a service and a drop-in alike, and nothing restarts."""
+    plan = make_plan("a", dropin=True)
+    run_module("pinned_units", args(scratch, plan, service_manager="systemd", preflight="off"))
+    service = scratch / UNIT_DIR / "numafleet-a.service"
+    assert "ExecStartPre=" not in service.read_text()
+    check = run_module(
+        "pinned_units", args(scratch, plan, service_manager="systemd"), check_mode=True
+    )
+    assert sorted(check["units"]["changed"]) == ["numafleet-a.service", "vllm.service"]
+    assert check["rewritten"] == ["numafleet-a.service", "vllm.service"]
+    assert check["would_run"] == ["systemctl daemon-reload"]
+    applied = run_module("pinned_units", args(scratch, plan, service_manager="systemd"))
+    assert applied["handler_restart"] == [] and applied["handler_try_restart"] == []
+    assert applied["handler_start"] == []
+    assert (
+        "ExecStartPre=-/usr/local/sbin/numafleet-guard preflight --mode warn a"
+        in service.read_text().splitlines()
+    )
+    enforce = run_module(
+        "pinned_units", args(scratch, plan, service_manager="systemd", preflight="enforce")
+    )
+    assert enforce["rewritten"] == ["numafleet-a.service", "vllm.service"]
+    assert enforce["handler_restart"] == [] and enforce["handler_try_restart"] == []

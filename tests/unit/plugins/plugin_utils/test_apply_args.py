@@ -18,6 +18,7 @@ from ansible_collections.numafleet.tuning.plugins.plugin_utils._apply_args impor
     ALL_LAYERS,
     ROLE_DEFAULTS,
     build,
+    guard_problems,
     measure_problems,
     name_host_variables,
     site_inputs,
@@ -118,6 +119,7 @@ def test_good_inputs_give_the_module_args():
         "unit_dir": "/etc/systemd/system",
         "manifest_path": "/etc/numafleet/manifest.json",
         "hardening": True,
+        "preflight": "warn",
     }
 
 
@@ -594,3 +596,57 @@ def test_a_partitioned_plan_bans_every_cpu_outside_housekeeping_from_irqbalance(
     assert given.module_args["kernel"]["irqbalance_banned_cpus"] == "3"
     off = build(H, {}, _plan(), facts, ("kernel",)).module_args["kernel"]
     assert off["irqbalance_banned_cpus"] == "4-6"
+
+
+# -- the memory guard's host variables (site.yml, before the gate) ------------------------------
+
+
+def test_guard_defaults_and_good_values_pass():
+    assert guard_problems("h", {}) == []
+    good = {
+        "numafleet_memory_warn_pct": 75,
+        "numafleet_memory_act_pct": 85.0,
+        "numafleet_memory_guard_interval": 3600,
+        "numafleet_memory_guard_textfile_dir": "/var/lib/node_exporter/textfile",
+    }
+    assert guard_problems("h", good) == []
+
+
+@pytest.mark.parametrize(
+    ("values", "fragments"),
+    [
+        (
+            {"numafleet_memory_warn_pct": 90, "numafleet_memory_act_pct": 90},
+            ["host h: numafleet_memory_warn_pct is 90 and numafleet_memory_act_pct is 90", "<="],
+        ),
+        ({"numafleet_memory_act_pct": 100}, ["numafleet_memory_act_pct is 100"]),
+        ({"numafleet_memory_warn_pct": 80.5}, ["numafleet_memory_warn_pct is 80.5"]),
+        ({"numafleet_memory_warn_pct": True}, ["numafleet_memory_warn_pct is true"]),
+        ({"numafleet_memory_guard_interval": 0}, ["numafleet_memory_guard_interval is 0", "3600"]),
+        ({"numafleet_memory_guard_interval": "15"}, ['numafleet_memory_guard_interval is "15"']),
+        (
+            {"numafleet_memory_guard_textfile_dir": "textfile"},
+            ['numafleet_memory_guard_textfile_dir is "textfile"', "absolute path"],
+        ),
+        (
+            {"numafleet_memory_guard_textfile_dir": "/var/lib/x/"},
+            ["numafleet_memory_guard_textfile_dir is", "trailing '/'"],
+        ),
+        (
+            {"numafleet_memory_guard_textfile_dir": "/var/lib/x\nExecStartPost=/bin/sh"},
+            ["numafleet_memory_guard_textfile_dir is", "U+000A"],
+        ),
+    ],
+)
+def test_guard_bad_values_are_named(values, fragments):
+    problems = guard_problems("h", values)
+    assert len(problems) == 1, problems
+    for fragment in fragments:
+        assert fragment in problems[0], (fragment, problems[0])
+
+
+def test_guard_values_are_not_checked_when_nothing_installs_the_program():
+    off = {"numafleet_memory_guard": False, "numafleet_preflight": "off"}
+    assert guard_problems("h", {**off, "numafleet_memory_act_pct": 100}) == []
+    # The preflight alone installs the program and its configuration: checked.
+    assert guard_problems("h", {"numafleet_memory_guard": False, "numafleet_memory_act_pct": 100})
