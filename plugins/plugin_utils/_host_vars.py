@@ -970,7 +970,7 @@ HOST_VARS = (
         "Run numafleet-guard.service, the memory guard that keeps each NUMA node under "
         "numafleet_memory_act_pct by acting on its low and normal placements "
         "(docs/memory-guard.md). false disables and stops it.",
-        (SITE, VERIFY),
+        (SITE, VERIFY, DRIFT),
     ),
     HostVar(
         "numafleet_memory_act_pct",
@@ -978,7 +978,7 @@ HOST_VARS = (
         90,
         "The memory guard acts on a NUMA node at or above this percentage of its memory in use "
         "(two rounds in a row): a whole number above numafleet_memory_warn_pct, at most 99.",
-        (SITE, VERIFY),
+        (SITE, VERIFY, DRIFT),
         minimum=1,
     ),
     HostVar(
@@ -988,7 +988,7 @@ HOST_VARS = (
         "What the memory guard does to a node's low, then normal placements at the act "
         "threshold: reclaim (write memory.reclaim), throttle (lower memory.high until the node "
         "is back under warn) or migrate (move their pages to the nearest node with room).",
-        (SITE, VERIFY),
+        (SITE, VERIFY, DRIFT),
         choices=("reclaim", "throttle", "migrate"),
     ),
     HostVar(
@@ -996,7 +996,7 @@ HOST_VARS = (
         "int",
         15,
         "Seconds between two rounds of the memory guard, 1 to 3600.",
-        (SITE, VERIFY),
+        (SITE, VERIFY, DRIFT),
         minimum=1,
     ),
     HostVar(
