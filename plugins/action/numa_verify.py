@@ -142,7 +142,11 @@ class ActionModule(ControllerAction):
             checks += verify.partition_checks(host, plain(plan), plain(gpu_topology))
             if args["guard"] is not None:
                 checks += verify.guard_checks(
-                    host, plain(args["guard"]), plain(measured), render_mode=args["render_mode"]
+                    host,
+                    plain(args["guard"]),
+                    plain(measured),
+                    render_mode=args["render_mode"],
+                    plan=plain(plan),
                 )
             if args["require_runtime"]:
                 checks = verify.require_runtime(checks)

@@ -1255,9 +1255,14 @@ def _guard_last_run(out: _Checks, want: dict, read: dict) -> None:
 
 
 def guard_checks(
-    host: str, guard: Optional[dict], measured: Optional[dict], render_mode: bool = False
+    host: str,
+    guard: Optional[dict],
+    measured: Optional[dict],
+    render_mode: bool = False,
+    plan: Optional[dict] = None,
 ) -> list[Check]:
-    """The memory guard's checks of one host, only where it is enabled; raises VerifyError.
+    """The memory guard's checks of one host, only where it is enabled and the plan has
+    placements (the role installs nothing on a host without any); raises VerifyError.
 
     ``guard`` is numa_verify's option (parse_guard); ``measured`` host_apply's measurement, whose
     ``guard`` (locality.read_guard: service state, the config's settings, the state file's
@@ -1269,7 +1274,7 @@ def guard_checks(
     """
     want = parse_guard(guard)
     out = _Checks(host)
-    if not want["enabled"]:
+    if not want["enabled"] or (isinstance(plan, dict) and not plan.get("placements")):
         return out.out
     read = (measured or {}).get("guard") if isinstance(measured, dict) else None
     if render_mode or not isinstance(read, dict):

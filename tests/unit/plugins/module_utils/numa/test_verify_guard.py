@@ -121,6 +121,14 @@ def test_disabled_or_unset_guard_adds_no_check():
     assert verify.guard_checks(HOST, None, None) != []  # None: defaults, enabled: true
 
 
+def test_a_plan_without_placements_adds_no_check():
+    """The role installs nothing on such a host (no placement to guard, no unit to preflight)."""
+    measured = {"services": [], "nodes": [], "guard": read(active="inactive", settings=None)}
+    assert verify.guard_checks(HOST, ON, measured, plan={"placements": []}) == []
+    planned = verify.guard_checks(HOST, ON, measured, plan={"placements": [{"name": "llm"}]})
+    assert {c.check: c.status for c in planned}["guard_service"] == "fail"
+
+
 def test_render_mode_and_no_guard_read_skip_the_three():
     for got, reason in (
         (checks_of(render_mode=True), "render mode: nothing runs"),
