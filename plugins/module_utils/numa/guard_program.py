@@ -550,10 +550,35 @@ def _read_bytes(host: Host, path: str) -> Optional[int]:
         return None
 
 
+def _page_bytes() -> int:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) or 4096
+    except (OSError, ValueError):
+        return 4096
+
+
+# The kernel keeps memory.high in pages: it reads back rounded down to the page size.
+PAGE_BYTES = _page_bytes()
+
+
+def holds_written(text: Optional[str], written: int, page_bytes: int = PAGE_BYTES) -> bool:
+    """Whether a memory.high text is the value the guard wrote, as the kernel keeps it (in whole
+    pages: 1479574732 written reads back as 1479573504 with 4 KiB pages)."""
+    try:
+        value = guard.parse_limit(text or "")
+    except (GuardError, ValueError):
+        return False
+    return value is not None and value in (written, written - written % page_bytes)
+
+
 def apply_action(action: guard.Action, host: Host, written: Optional[int]) -> Applied:
     """Make the write of one action (see the module docstring); never raises for a write."""
     path = f"{host.cgroup_root}/{action.path}"
-    if action.action == "release" and written is not None and action.before != str(written):
+    if (
+        action.action == "release"
+        and written is not None
+        and not holds_written(action.before, written)
+    ):
         return Applied(
             action,
             "skipped",

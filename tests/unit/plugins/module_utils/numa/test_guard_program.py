@@ -341,6 +341,31 @@ def test_release_writes_the_old_value_back(tmp_path):
     assert outcome.saved.state.throttled == () and outcome.saved.throttle_written == {}
 
 
+def test_release_after_the_kernel_rounded_memory_high_to_whole_pages(tmp_path):
+    """Found on the guest: 1479574732 written, 1479573504 read back (4 KiB pages)."""
+    s, program, value = _throttled(tmp_path)
+    rounded = value - value % 4096  # what the kernel keeps of the value written
+    s.cg(KV_LOW + "/memory.high").write_text(f"{rounded}\n")
+    s.set_node(1, 40.0)
+    [item] = program.round().applied
+    assert (item.action.action, item.result) == ("release", "ok")
+    assert s.cg(KV_LOW + "/memory.high").read_text() == "max\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "written", "held"),
+    [
+        ("1479573504\n", 1479574732, True),  # the guest's pair
+        ("1479574732\n", 1479574732, True),
+        ("1479569408\n", 1479574732, False),  # a page lower: someone else's value
+        ("max\n", 1479574732, False),
+        ("junk", 1479574732, False),
+    ],
+)
+def test_holds_written_allows_only_the_kernels_page_rounding(text, written, held):
+    assert gp.holds_written(text, written, page_bytes=4096) is held
+
+
 def test_release_is_skipped_when_memory_high_was_changed(tmp_path):
     s, program, value = _throttled(tmp_path)
     s.set_node(1, 40.0)
