@@ -31,7 +31,8 @@ SERVICES = [
 UNIT = "/etc/systemd/system/numafleet-web.service"
 
 
-def plan(services=SERVICES) -> dict:
+def plan(services=None) -> dict:
+    services = SERVICES if services is None else services
     return plan_host(
         "h",
         copy.deepcopy(NUMA),

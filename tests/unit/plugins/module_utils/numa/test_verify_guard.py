@@ -31,7 +31,8 @@ def read(**overrides) -> dict:
     return base
 
 
-def checks_of(guard=ON, measured_guard=None, render_mode=False) -> dict:
+def checks_of(guard=None, measured_guard=None, render_mode=False) -> dict:
+    guard = ON if guard is None else guard
     measured = {"services": [], "nodes": [], "guard": measured_guard or read()}
     got = verify.guard_checks(HOST, guard, measured, render_mode)
     assert len({c.check for c in got}) == len(got)

@@ -1,0 +1,465 @@
+"""The runtime memory guard on the real 2-node guest (cgroup v2, systemd).
+
+Two placements on node 1: numa-bound (priority high, 256 MiB touched, MemoryLow= its 512M budget)
+and `hog` (priority low), whose workload grows on request (numafleet-touch --grow-file) until
+node 1 passes the act threshold. A swap file exists for the reclaim and throttle tests only:
+without swap, anonymous memory cannot be reclaimed, only throttled or moved.
+
+- reclaim: the guard writes to hog's memory.reclaim; node 1 falls back under the act threshold;
+  numa-bound is never acted on and keeps its memory on node 1 (off-node share < 2 %);
+- throttle: the guard lowers hog's memory.high, the kernel holds hog to it, and the guard writes
+  the old value back (release) once node 1 is below warn - margin;
+- migrate: the guard moves hog's pages to node 0 (migrate_pages(2)), records it in its state file,
+  and verify reports hog as spilled (a warning), not as a failure;
+- the journal has the structured lines, the textfile the crossing and the actions;
+- preflight (numafleet_preflight: enforce in molecule.yml): a unit whose anchor device is on
+  another node than the plan says does not start, with a journal line naming the check; with the
+  right plan it starts.
+
+Written for `make vm` (not run by units). Figures go to reports/numa_vm/figures.json.
+"""
+
+import base64
+import json
+import time
+
+import pytest
+from vm_helpers import (
+    HOST,
+    main_pid,
+    placements,
+    record,
+    run_playbook,
+    site,
+    unit,
+    wait_until_touched,
+)
+
+testinfra_hosts = ["numa-vm"]
+CONFIG = "/etc/numafleet/guard.json"
+STATE = "/run/numafleet-guard/state.json"
+TEXTFILE_DIR = (
+    "/var/lib/node_exporter/textfile"  # numafleet_memory_guard_textfile_dir (molecule.yml)
+)
+TEXTFILE = f"{TEXTFILE_DIR}/numafleet_guard.prom"
+GROW = "/run/numafleet-hog.mib"
+SWAP = "/var/tmp/numafleet-guard-test.swap"
+INTERVAL_S = 2
+MIGRATE_WARN_PCT = 88
+SCENE_VARS = {"numafleet_memory_guard_interval": INTERVAL_S}
+HOG_START_MIB = 32
+NODE = 1
+MIB = 1 << 20
+
+
+def hog_placement() -> dict:
+    return {
+        "name": "hog",
+        "exec": f"/usr/bin/python3 /usr/local/libexec/numafleet-touch --anon-mib {HOG_START_MIB}"
+        f" --grow-file {GROW}",
+        "node": NODE,
+        "cpus": 1,
+        "memory": "256M",
+        "priority": "low",
+    }
+
+
+def wait_for(what: str, probe, timeout_s: float = 180, every_s: float = 1.0):
+    """probe()'s first truthy value within timeout_s, else AssertionError naming `what`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(every_s)
+    raise AssertionError(f"{what}: not within {timeout_s} s")
+
+
+def node_memory(host, node: int = NODE) -> dict:
+    """kB fields of node<N>/meminfo and the guard's used ratio (file LRU not counted as used)."""
+    fields = {}
+    text = host.file(f"/sys/devices/system/node/node{node}/meminfo").content_string
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 4:
+            fields[parts[2].rstrip(":")] = int(parts[3])
+    used = (
+        fields["MemTotal"] - fields["MemFree"] - fields["Active(file)"] - fields["Inactive(file)"]
+    )
+    fields["used_kb"] = used
+    fields["ratio"] = round(used / fields["MemTotal"], 4)
+    return fields
+
+
+def cgroup_dir(host, name: str) -> str:
+    path = host.check_output(f"systemctl show -p ControlGroup --value {unit(name)}")
+    assert path.startswith("/"), f"{unit(name)} has no control group: {path!r}"
+    return f"/sys/fs/cgroup{path}"
+
+
+def numa_stat(host, name: str) -> dict:
+    """{node: anon + file bytes} of the unit's memory.numa_stat."""
+    out = {}
+    for line in host.file(f"{cgroup_dir(host, name)}/memory.numa_stat").content_string.splitlines():
+        key, *pairs = line.split()
+        if key in ("anon", "file"):
+            for pair in pairs:
+                node, value = pair[1:].split("=")
+                out[int(node)] = out.get(int(node), 0) + int(value)
+    return out
+
+
+def offnode_share(host, name: str, node: int = NODE) -> float:
+    by_node = numa_stat(host, name)
+    total = sum(by_node.values())
+    return round(sum(v for n, v in by_node.items() if n != node) / total, 4) if total else 0.0
+
+
+def set_hog_mib(host, mib: int) -> None:
+    """Give hog a new target; SIGUSR1 makes it look at once (a throttled hog sleeps in its page
+    faults and would not read the file for a long time)."""
+    host.run_test(f"echo {int(mib)} > {GROW}")
+    pid = host.check_output(f"systemctl show -p MainPID --value {unit('hog')}")
+    if pid not in ("", "0"):
+        host.run(f"kill -USR1 {pid}")
+
+
+def hog_footprint_mib(host) -> int:
+    """hog's memory in MiB wherever it is: memory.current plus memory.swap.current."""
+    hog = cgroup_dir(host, "hog")
+    values = host.run(f"cat {hog}/memory.current {hog}/memory.swap.current").stdout.split()
+    return sum(int(v) for v in values) // MIB
+
+
+def grow_until(host, ratio: float) -> int:
+    """Grow hog until node 1's used ratio reaches ``ratio``; the MiB target set.
+
+    Each step waits until hog holds what it was asked for (in memory or in swap) before it
+    measures again, so that a node the kernel's kswapd holds at its watermark does not make the
+    target run away into swap (a full swap file leaves nothing for the guard to reclaim).
+    """
+    target = int(host.check_output(f"cat {GROW} 2>/dev/null || echo {HOG_START_MIB}") or 0)
+    for dummy in range(20):
+        now = node_memory(host)
+        if now["ratio"] >= ratio:
+            return target
+        target += int((ratio - now["ratio"]) * now["MemTotal"] / 1024) + 16
+        set_hog_mib(host, target)
+        deadline = time.monotonic() + 60  # a throttled hog grows slowly: measure anyway then
+        while hog_footprint_mib(host) < target - 32 and time.monotonic() < deadline:
+            time.sleep(1)  # 16 MiB chunks: within 32 MiB of the target is there
+        time.sleep(1)
+    raise AssertionError(f"node {NODE} did not reach {ratio:.0%}: {node_memory(host)}")
+
+
+def guard_config(host) -> dict:
+    return json.loads(host.file(CONFIG).content_string)
+
+
+def write_config(host, config: dict) -> None:
+    """Write the guard's config in place (the guard re-reads it when its mtime changes)."""
+    data = base64.b64encode((json.dumps(config, indent=2) + "\n").encode()).decode()
+    host.run_test(f"echo {data} | base64 -d > {CONFIG}.test && mv {CONFIG}.test {CONFIG}")
+
+
+def set_act(host, act: str) -> None:
+    config = guard_config(host)
+    config["settings"]["act"] = act
+    write_config(host, config)
+
+
+def journal(host, since: float) -> list:
+    """The guard's structured journal records since the epoch time ``since``."""
+    out = host.run(
+        f"journalctl -o json --no-pager SYSLOG_IDENTIFIER=numafleet-guard --since @{int(since)}"
+    ).stdout
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def actions(host, since: float, action: str) -> list:
+    """The guard's ``action`` records since ``since`` that took effect (fully or partly)."""
+    return [
+        r
+        for r in journal(host, since)
+        if r.get("NUMAFLEET_ACTION") == action and r.get("NUMAFLEET_RESULT") in ("ok", "partial")
+    ]
+
+
+def textfile_value(host, prefix: str) -> float:
+    for line in host.file(TEXTFILE).content_string.splitlines():
+        if line.startswith(prefix):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def diagnosis(host, since: float) -> dict:
+    """What the guard did and saw since ``since``, for a failed wait's message."""
+    hog = cgroup_dir(host, "hog")
+    return {
+        "node1": {k: v for k, v in node_memory(host).items() if k in ("ratio", "MemFree")},
+        "hog memory.current/high": host.run(
+            f"cat {hog}/memory.current {hog}/memory.high"
+        ).stdout.split(),
+        "hog memory.events": host.run(f"cat {hog}/memory.events").stdout,
+        "swap": host.run("cat /proc/swaps").stdout,
+        "guard": [
+            (r.get("NUMAFLEET_ACTION"), r.get("NUMAFLEET_RESULT"), r.get("MESSAGE"))
+            for r in journal(host, since)
+        ][-12:],
+    }
+
+
+def state(host) -> dict:
+    return json.loads(host.file(STATE).content_string)
+
+
+def calm_down(host) -> None:
+    """Shrink hog to its start size and wait until node 1 is back under warn - margin."""
+    set_hog_mib(host, HOG_START_MIB)
+    wait_for("node 1 back under 75 %", lambda: node_memory(host)["ratio"] < 0.75, 120)
+    wait_for(
+        "the guard's level for node 1 back to ok",
+        lambda: state(host)["levels"].get(str(NODE)) == "ok",
+        60,
+    )
+
+
+@pytest.fixture(scope="module")
+def scene(host, tmp_path_factory):
+    """numa-bound (high, one CPU) and hog (low) on node 1, a 2 s guard interval, a swap file."""
+    tmp = tmp_path_factory.mktemp("guard")
+    host.run_test(
+        f"fallocate -l 768M {SWAP} && chmod 600 {SWAP} && mkswap {SWAP} >/dev/null && swapon {SWAP}"
+    )
+    wanted = json.loads(json.dumps(placements()))
+    next(p for p in wanted if p["name"] == "numa-bound")["cpus"] = 1
+    wanted.append(hog_placement())
+    proc, output, seconds = site(tmp, "guard", wanted, "-e", json.dumps(SCENE_VARS))
+    assert proc.returncode == 0, output[-4000:]
+    record("guard_site_with_hog_s", seconds)
+    wait_until_touched(host, "numa-bound")
+    wait_until_touched(host, "hog")
+    wait_for(
+        "the guard re-read its config", lambda: "hog" in host.file(TEXTFILE).content_string, 60
+    )
+    yield tmp
+    set_hog_mib(host, 0)
+    proc, output, dummy = run_playbook("../site.yml")  # back to the scenario's placements
+    host.run(f"swapoff {SWAP} 2>/dev/null; rm -f {SWAP} {GROW}")
+    assert proc.returncode == 0, output[-4000:]
+
+
+def test_the_guard_runs_and_reports_each_round(host, scene):
+    assert host.service("numafleet-guard.service").is_running
+    settings = guard_config(host)["settings"]
+    assert settings["interval_s"] == INTERVAL_S
+    assert (settings["warn_pct"], settings["act_pct"]) == (80, 90)
+    first = state(host)["last_run"]
+    wait_for("a later round", lambda: state(host)["last_run"] > first, 30)
+    text = host.file(TEXTFILE).content_string
+    assert f'numafleet_node_memory_used_ratio{{node="{NODE}"}}' in text
+    assert 'numafleet_placement_offnode_share_ratio{placement="hog"}' in text
+    assert "numafleet_guard_last_run_timestamp_seconds" in text
+    # The guard runs as a resident service: the loop pays Python's start-up once. Its CPU time
+    # over about 10 rounds on the guest (TCG: an emulated CPU, many times slower than the host).
+    cpu = "systemctl show -p CPUUsageNSec --value numafleet-guard.service"
+    cpu_before, rounds_before = int(host.check_output(cpu)), state(host)["last_run"]
+    time.sleep(10 * INTERVAL_S + 1)
+    cpu_after, rounds_after = int(host.check_output(cpu)), state(host)["last_run"]
+    rounds = round((rounds_after - rounds_before) / INTERVAL_S)
+    assert rounds >= 5, (rounds_before, rounds_after)
+    record(
+        "guard_guest_cpu_ms_per_round",
+        {"rounds": rounds, "cpu_ms_per_round": round((cpu_after - cpu_before) / 1e6 / rounds, 2)},
+    )
+
+
+def test_reclaim_brings_the_node_back_and_spares_the_high_placement(host, scene):
+    set_act(host, "reclaim")
+    bound_before = numa_stat(host, "numa-bound")
+    bound_pid = main_pid(host, "numa-bound")
+    since = time.time()
+    grow_until(host, 0.93)
+    over = node_memory(host)
+    reclaims = wait_for("a reclaim action on hog", lambda: actions(host, since, "reclaim"), 120)
+    after = wait_for(
+        "node 1 back under the act threshold",
+        lambda: (m := node_memory(host))["ratio"] < 0.90 and m,
+        120,
+    )
+    records = journal(host, since)
+    levels = [r for r in records if r.get("NUMAFLEET_LEVEL") in ("warn", "act")]
+    record(
+        "guard_reclaim",
+        {
+            "node1_ratio_over": over["ratio"],
+            "node1_ratio_after": after["ratio"],
+            "actions": [
+                {k: r.get(k) for k in ("NUMAFLEET_PLACEMENT", "NUMAFLEET_AMOUNT_BYTES", "MESSAGE")}
+                for r in reclaims
+            ],
+            "level_messages": [r["MESSAGE"] for r in levels],
+            "numa_bound_offnode_share": offnode_share(host, "numa-bound"),
+            "numa_bound_bytes_before": bound_before,
+            "numa_bound_bytes_after": numa_stat(host, "numa-bound"),
+        },
+    )
+    assert {r["NUMAFLEET_PLACEMENT"] for r in reclaims} == {"hog"}
+    assert all(
+        r.get("NUMAFLEET_PLACEMENT") != "numa-bound" for r in records if "NUMAFLEET_ACTION" in r
+    )
+    assert any(r["NUMAFLEET_LEVEL"] == "act" and "hog=" in r["NUMAFLEET_TOP_USERS"] for r in levels)
+    assert offnode_share(host, "numa-bound") < 0.02
+    assert numa_stat(host, "numa-bound").get(NODE, 0) >= 0.95 * bound_before.get(NODE, 0)
+    assert main_pid(host, "numa-bound") == bound_pid
+    assert (
+        textfile_value(
+            host, f'numafleet_guard_actions_total{{node="{NODE}",action="reclaim",placement="hog"}}'
+        )
+        >= 1
+    )
+    calm_down(host)
+
+
+def test_throttle_lowers_memory_high_and_releases_it(host, scene):
+    """With swap the kernel's own kswapd holds a bound node near its watermarks, so the node
+    hovers just over the act threshold; what throttle must show is that the guard lowers hog's
+    memory.high, the kernel holds hog to it, and the guard writes the old value back once the
+    node is calm."""
+    set_act(host, "throttle")
+    hog = cgroup_dir(host, "hog")
+    assert host.file(f"{hog}/memory.high").content_string.strip() == "max"
+    since = time.time()
+    grow_until(host, 0.91)
+    peak = int(host.file(f"{hog}/memory.current").content_string)
+    throttles = wait_for("a throttle action on hog", lambda: actions(host, since, "throttle"), 120)
+
+    def held():
+        high = host.file(f"{hog}/memory.high").content_string.strip()
+        current = int(host.file(f"{hog}/memory.current").content_string)
+        return high != "max" and current <= int(high) + 8 * MIB and (int(high), current)
+
+    try:
+        lowered, current = wait_for("hog held at its lowered memory.high", held, 120)
+    except AssertionError as exc:
+        record("guard_throttle_failure", diagnosis(host, since))
+        raise AssertionError(f"{exc}: {diagnosis(host, since)}") from None
+    assert lowered < peak
+    set_hog_mib(host, HOG_START_MIB)
+    releases = wait_for("a release action on hog", lambda: actions(host, since, "release"), 120)
+    record(
+        "guard_throttle",
+        {
+            "hog_memory_current_peak": peak,
+            "memory_high_lowered_to": lowered,
+            "hog_memory_current_held": current,
+            "throttle_messages": [r["MESSAGE"] for r in throttles],
+            "release_messages": [r["MESSAGE"] for r in releases],
+        },
+    )
+    assert host.file(f"{hog}/memory.high").content_string.strip() == "max"
+    assert {r["NUMAFLEET_PLACEMENT"] for r in throttles + releases} == {"hog"}
+    assert offnode_share(host, "numa-bound") < 0.02
+    calm_down(host)
+
+
+def test_migrate_moves_the_low_placement_and_verify_reports_it_spilled(host, scene):
+    # Without swap from here on: the kernel's kswapd then cannot hold node 1 at its watermark
+    # by swapping hog out while it grows (hog is small again, so little comes back from swap).
+    host.run_test(f"swapoff {SWAP}")
+    # hog's pages on node 1 (about 1.4 GiB at 92 %) are about 75 % of node 0: the guard moves
+    # them only to a node that stays below warn after the move, so warn is 88 % here
+    config = guard_config(host)
+    config["settings"].update(act="migrate", warn_pct=MIGRATE_WARN_PCT)
+    write_config(host, config)
+    since = time.time()
+    grow_until(host, 0.92)
+    moves = wait_for("a migrate action on hog", lambda: actions(host, since, "migrate"), 120)
+    spilled = wait_for(
+        "hog recorded as spilled", lambda: state(host).get("spilled", {}).get("hog"), 60
+    )
+    hog_share = offnode_share(host, "hog")
+    # verify.yml with the scene's placements and the guard settings this test runs with
+    proc, output, dummy = run_playbook(
+        "verify.yml",
+        "-e",
+        f"@{scene / 'guard.json'}",
+        "-e",
+        json.dumps(
+            dict(
+                SCENE_VARS,
+                numafleet_memory_act="migrate",
+                numafleet_memory_warn_pct=MIGRATE_WARN_PCT,
+            )
+        ),
+        "-e",
+        f"numafleet_report_dir={scene}",
+    )
+    code = proc.returncode
+    report = json.loads((scene / "verify.json").read_text())
+    hog_checks = [c for c in report["hosts"][HOST]["checks"] if c["subject"] == "hog"]
+    record(
+        "guard_migrate",
+        {
+            "messages": [r["MESSAGE"] for r in moves],
+            "spilled": spilled,
+            "hog_offnode_share": hog_share,
+            "node1_ratio_after": node_memory(host)["ratio"],
+            "verify_hog": [(c["check"], c["status"], c.get("message")) for c in hog_checks],
+            "verify_status": report["hosts"][HOST]["status"],
+        },
+    )
+    assert {r["NUMAFLEET_PLACEMENT"] for r in moves} == {"hog"}
+    assert spilled["to"] == [0]
+    assert hog_share > 0.5
+    assert offnode_share(host, "numa-bound") < 0.02
+    assert code == 0, output[-4000:]
+    assert any("spilled" in (c.get("message") or "") for c in hog_checks), hog_checks
+    assert report["hosts"][HOST]["status"] != "fail"
+
+
+def test_preflight_refuses_a_unit_whose_anchor_is_on_another_node(host, scene):
+    config = guard_config(host)
+    wrong = json.loads(json.dumps(config))
+    entry = next(p for p in wrong["placements"] if p["name"] == "numa-bound")
+    entry["node"] = 0  # the plan says node 0; the NVMe it is anchored on is on node 1
+    entry["mems"] = [0]
+    if entry.get("near"):
+        entry["near"]["node"] = 0
+    since = time.time()
+    write_config(host, wrong)
+    try:
+        failed = host.run(f"systemctl restart {unit('numa-bound')}")
+        state_now = [
+            host.check_output(f"systemctl show -p {prop} --value {unit('numa-bound')}")
+            for prop in ("ActiveState", "SubState")
+        ]
+        lines = host.run(
+            f"journalctl -o cat --no-pager -u {unit('numa-bound')} --since @{int(since)}"
+        ).stdout
+    finally:
+        write_config(host, config)
+    record("guard_preflight_refusal", [line for line in lines.splitlines() if "preflight" in line])
+    assert failed.rc != 0
+    # not running: failed, or waiting for Restart= to try again (ExecStartPre= failed each time)
+    assert state_now[0] in ("failed", "inactive", "activating"), state_now
+    assert state_now[1] in ("failed", "dead", "auto-restart", "start-pre"), state_now
+    assert "FAIL anchor 0000:81:00.0 is on NUMA node 1, planned node 0" in lines, lines[-3000:]
+    host.run_test(f"systemctl reset-failed {unit('numa-bound')} || true")
+    host.run_test(f"systemctl restart {unit('numa-bound')}")
+    wait_until_touched(host, "numa-bound")
+    assert host.service(unit("numa-bound")).is_running
+
+
+def test_capture_the_guard_inputs_for_the_unit_tests(host, scene):
+    """The real files the guard reads, kept in figures.json for tests/unit/fixtures."""
+    paths = []
+    for node in (0, 1):
+        base = f"/sys/devices/system/node/node{node}"
+        paths += [f"{base}/meminfo", f"{base}/distance"]
+        paths += [f"{base}/hugepages/hugepages-2048kB/{f}_hugepages" for f in ("nr", "free")]
+    paths.append("/sys/devices/system/node/online")
+    for name in ("numa-bound", "hog", "cpu-only"):
+        base = cgroup_dir(host, name)
+        paths += [f"{base}/memory.{f}" for f in ("current", "high", "low", "numa_stat")]
+    record("guard_capture", {path: host.file(path).content_string for path in paths})
