@@ -3,6 +3,7 @@ and the test workload. Booting the guest is layer 4 (`make vm`)."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -181,6 +182,22 @@ def test_workload_grows_and_shrinks_to_the_grow_file(tmp_path):
         assert rss_kb >= 57344
         target.write_text("24\n")
         assert proc.stdout.readline() == "grown: anon_kb=24576\n"
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def test_workload_takes_a_lower_target_at_once_on_sigusr1(tmp_path):
+    target = tmp_path / "target.mib"
+    proc = _workload("--anon-mib", "8", "--grow-file", str(target))
+    try:
+        assert proc.stdout.readline() == "touched: anon_kb=8192 hugetlb_kb=0\n"
+        target.write_text("40\n")
+        assert proc.stdout.readline() == "grown: anon_kb=40960\n"
+        target.write_text("8\n")
+        proc.send_signal(signal.SIGUSR1)
+        assert proc.stdout.readline() == "grown: anon_kb=8192\n"
+        assert proc.poll() is None  # the signal only makes it look again
     finally:
         proc.terminate()
         proc.wait()

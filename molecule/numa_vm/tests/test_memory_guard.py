@@ -131,8 +131,10 @@ def hog_footprint_mib(host) -> int:
     return sum(int(v) for v in values) // MIB
 
 
-def grow_until(host, ratio: float) -> int:
-    """Grow hog until node 1's used ratio reaches ``ratio``; the MiB target set.
+def grow_until(host, ratio: float, acted=None) -> int:
+    """Grow hog until node 1's used ratio reaches ``ratio``, or until ``acted()`` says the guard
+    already acted (it acts at 90 %, before the test's ratio: growing on after that would make
+    hog grow back where the guard just took memory away); the MiB target set.
 
     Each step waits until hog holds what it was asked for (in memory or in swap) before it
     measures again, so that a node the kernel's kswapd holds at its watermark does not make the
@@ -141,7 +143,7 @@ def grow_until(host, ratio: float) -> int:
     target = int(host.check_output(f"cat {GROW} 2>/dev/null || echo {HOG_START_MIB}") or 0)
     for dummy in range(20):
         now = node_memory(host)
-        if now["ratio"] >= ratio:
+        if now["ratio"] >= ratio or (acted is not None and acted()):
             return target
         target += int((ratio - now["ratio"]) * now["MemTotal"] / 1024) + 16
         set_hog_mib(host, target)
@@ -232,7 +234,9 @@ def scene(host, tmp_path_factory):
         f"fallocate -l 768M {SWAP} && chmod 600 {SWAP} && mkswap {SWAP} >/dev/null && swapon {SWAP}"
     )
     wanted = json.loads(json.dumps(placements()))
-    next(p for p in wanted if p["name"] == "numa-bound")["cpus"] = 1
+    for placement in wanted:
+        if placement["name"] == "numa-bound":
+            placement["cpus"] = 1  # node 1's other CPU is hog's
     wanted.append(hog_placement())
     proc, output, seconds = site(tmp, "guard", wanted, "-e", json.dumps(SCENE_VARS))
     assert proc.returncode == 0, output[-4000:]
@@ -279,7 +283,7 @@ def test_reclaim_brings_the_node_back_and_spares_the_high_placement(host, scene)
     bound_before = numa_stat(host, "numa-bound")
     bound_pid = main_pid(host, "numa-bound")
     since = time.time()
-    grow_until(host, 0.93)
+    grow_until(host, 0.93, lambda: actions(host, since, "reclaim"))
     over = node_memory(host)
     reclaims = wait_for("a reclaim action on hog", lambda: actions(host, since, "reclaim"), 120)
     after = wait_for(
@@ -330,7 +334,7 @@ def test_throttle_lowers_memory_high_and_releases_it(host, scene):
     hog = cgroup_dir(host, "hog")
     assert host.file(f"{hog}/memory.high").content_string.strip() == "max"
     since = time.time()
-    grow_until(host, 0.91)
+    grow_until(host, 0.91, lambda: actions(host, since, "throttle"))
     peak = int(host.file(f"{hog}/memory.current").content_string)
     throttles = wait_for("a throttle action on hog", lambda: actions(host, since, "throttle"), 120)
 
@@ -373,7 +377,7 @@ def test_migrate_moves_the_low_placement_and_verify_reports_it_spilled(host, sce
     config["settings"].update(act="migrate", warn_pct=MIGRATE_WARN_PCT)
     write_config(host, config)
     since = time.time()
-    grow_until(host, 0.92)
+    grow_until(host, 0.92, lambda: actions(host, since, "migrate"))
     moves = wait_for("a migrate action on hog", lambda: actions(host, since, "migrate"), 120)
     spilled = wait_for(
         "hog recorded as spilled", lambda: state(host).get("spilled", {}).get("hog"), 60

@@ -9,9 +9,10 @@ allowed node must have N free pages) and touches each of them. Then it prints on
 ``touched: anon_kb=... hugetlb_kb=...`` (the journal shows it) and sleeps until a signal ends it.
 
 With ``--grow-file PATH`` it then reads PATH (a number of MiB) twice a second: when the number
-is above what it holds it maps and touches 16 MiB chunks up to it (each page written once, so pages
-the kernel reclaimed to swap stay there), when it is below it unmaps chunks down to it, and each
-change logs ``grown: anon_kb=...``. The guest's memory guard test grows a placement this way until
+is above what it holds it maps and touches 16 MiB chunks up to it, one at a time, reading the file
+again after each (each page written once, so pages the kernel reclaimed to swap stay there), when
+it is below it unmaps chunks down to it, and each target reached logs ``grown: anon_kb=...``.
+SIGUSR1 makes it read the file at once, even while the kernel throttles its page faults. The guest's memory guard test grows a placement this way until
 its NUMA node passes the act threshold.
 
 Exits 2 with a message when a mapping fails (for example, no free hugepages).
@@ -34,7 +35,8 @@ def touch(region: mmap.mmap, size: int, step: int) -> None:
         region[offset] = 1
 
 
-CHUNK = 16 * 1024 * 1024
+MIB = 1024 * 1024
+CHUNK = 16 * MIB
 
 
 def wanted_mib(path: str):
@@ -46,23 +48,45 @@ def wanted_mib(path: str):
         return None
 
 
+class Retarget(Exception):
+    """SIGUSR1: read the target file again now (raised from the signal handler)."""
+
+
+def _retarget(signum, frame):
+    raise Retarget()
+
+
 def grow_loop(path: str, base_kb: int) -> None:
-    """Follow the MiB target in ``path`` with 16 MiB chunks of touched anonymous memory."""
+    """Follow the MiB target in ``path`` with 16 MiB chunks of touched anonymous memory.
+
+    One chunk per step, reading the target again after each. A process the kernel throttles
+    (memory.high) can sleep in its page faults for a long time; SIGUSR1 breaks off the chunk it
+    is touching (the chunk is unmapped) so that a lower target takes effect at once.
+    """
+    signal.signal(signal.SIGUSR1, _retarget)
     chunks = []
+    shown = None
     while True:
-        target = wanted_mib(path)
-        if target is not None:
-            want = max(0, target * 1024 * 1024 - base_kb * 1024) // CHUNK
-            changed = want != len(chunks)
-            while len(chunks) < want:
+        chunk = None
+        try:
+            target = wanted_mib(path)
+            want = None if target is None else max(0, target * MIB - base_kb * 1024) // CHUNK
+            if want is not None and len(chunks) < want:
                 chunk = mmap.mmap(-1, CHUNK, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
                 touch(chunk, CHUNK, PAGE)
                 chunks.append(chunk)
-            while len(chunks) > want:
-                chunks.pop().close()
-            if changed:
+                chunk = None
+            elif want is not None and len(chunks) > want:
+                while len(chunks) > want:
+                    chunks.pop().close()
+            if want is not None and len(chunks) == want and shown != want:
                 print(f"grown: anon_kb={base_kb + len(chunks) * CHUNK // 1024}", flush=True)
-        time.sleep(0.5)
+                shown = want
+            if want is None or len(chunks) == want:
+                time.sleep(0.5)
+        except Retarget:
+            if chunk is not None:
+                chunk.close()
 
 
 def main(argv=None) -> int:
