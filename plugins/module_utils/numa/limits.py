@@ -209,21 +209,27 @@ def _shown(limits: Optional[dict], key: str) -> str:
     return "(none)" if value is None else str(value)
 
 
-def restart_reasons(old_plan: Optional[dict], new_plan: dict, restarted) -> dict:
-    """{unit: why} for each placement unit in ``restarted`` whose limits change between the
-    recorded and the new plan: 'its limits change: MemoryMax 536870912 -> (none)'. A unit
-    without a recorded entry (new) has none."""
+def restarted_pairs(old_plan: Optional[dict], new_plan: dict, restarted):
+    """(unit, recorded entry, new entry) of each placement unit in ``restarted`` that the
+    recorded plan has too (a new unit has nothing to compare), in the new plan's order."""
     old_by = {
         entry.get("unit"): entry
         for entry in (old_plan or {}).get("placements") or ()
         if isinstance(entry, dict)
     }
-    reasons = {}
     for entry in new_plan.get("placements") or ():
         unit = entry.get("unit")
         old = old_by.get(unit)
-        if unit not in restarted or old is None:
-            continue
+        if unit in restarted and old is not None:
+            yield unit, old, entry
+
+
+def restart_reasons(old_plan: Optional[dict], new_plan: dict, restarted) -> dict:
+    """{unit: why} for each placement unit in ``restarted`` whose limits change between the
+    recorded and the new plan: 'its limits change: MemoryMax 536870912 -> (none)'. A unit
+    without a recorded entry (new) has none."""
+    reasons = {}
+    for unit, old, entry in restarted_pairs(old_plan, new_plan, restarted):
         before, after = old.get("limits"), entry.get("limits")
         parts = [
             f"{prop} {_shown(before, key)} -> {_shown(after, key)}"

@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import Optional
 
 from .errors import PlacementError, UnitRenderError
+from .limits import restarted_pairs
 
 PRIORITIES = ("high", "normal", "low")
 DEFAULT_PRIORITY = "normal"
@@ -143,17 +144,8 @@ def restart_reasons(old_plan: Optional[dict], new_plan: dict, restarted) -> dict
     """{unit: why} for each placement unit in ``restarted`` whose priority changes between the
     recorded and the new plan: 'its priority changes: normal -> high (MemoryLow=68719476736)'.
     A unit without a recorded entry (new) has none."""
-    old_by = {
-        entry.get("unit"): entry
-        for entry in (old_plan or {}).get("placements") or ()
-        if isinstance(entry, dict)
-    }
     reasons = {}
-    for entry in new_plan.get("placements") or ():
-        unit = entry.get("unit")
-        old = old_by.get(unit)
-        if unit not in restarted or old is None:
-            continue
+    for unit, old, entry in restarted_pairs(old_plan, new_plan, restarted):
         before, after = _shown(old), _shown(entry)
         if before == after:
             continue
