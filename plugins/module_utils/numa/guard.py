@@ -554,6 +554,19 @@ class Action:
     before: Optional[str]
     reason: str
 
+    def as_dict(self) -> dict:
+        """JSON-ready form: node, action, placement, path, value, amount_bytes, before, reason."""
+        return {
+            "node": self.node,
+            "action": self.action,
+            "placement": self.placement,
+            "path": self.path,
+            "value": self.value,
+            "amount_bytes": self.amount_bytes,
+            "before": self.before,
+            "reason": self.reason,
+        }
+
     def journal_fields(self) -> dict:
         """Structured journal fields (MESSAGE and NUMAFLEET_*) of the action."""
         return {
@@ -1117,19 +1130,7 @@ class Round:
                 for n in self.nodes
             ],
             "placements": placements,
-            "actions": [
-                {
-                    "node": a.node,
-                    "action": a.action,
-                    "placement": a.placement,
-                    "path": a.path,
-                    "value": a.value,
-                    "amount_bytes": a.amount_bytes,
-                    "before": a.before,
-                    "reason": a.reason,
-                }
-                for a in self.decision.actions
-            ],
+            "actions": [a.as_dict() for a in self.decision.actions],
             "events": [
                 {
                     "node": e.node,

@@ -500,19 +500,10 @@ class Applied:
         return self.result in ("ok", "partial")
 
     def as_dict(self) -> dict:
-        a = self.action
-        return {
-            "node": a.node,
-            "action": a.action,
-            "placement": a.placement,
-            "path": a.path,
-            "value": a.value,
-            "amount_bytes": a.amount_bytes,
-            "before": a.before,
-            "result": self.result,
-            "detail": self.detail,
-            "current_after": self.current_after,
-        }
+        """The action's fields (guard.Action.as_dict) with result, detail and current_after."""
+        out = self.action.as_dict()
+        out.update(result=self.result, detail=self.detail, current_after=self.current_after)
+        return out
 
     def journal_fields(self) -> dict:
         fields = self.action.journal_fields()
