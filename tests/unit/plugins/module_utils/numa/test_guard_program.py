@@ -24,6 +24,7 @@ from pathlib import Path
 
 import guard_trees
 import pytest
+import yaml
 
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa import guard
 from ansible_collections.numafleet.tuning.plugins.module_utils.numa import guard_program as gp
@@ -33,7 +34,14 @@ MIB = 1024 * 1024
 REPO = Path(__file__).resolve().parents[5]
 CORE = REPO / "plugins" / "module_utils" / "numa"
 LAUNCHER = REPO / "roles" / "memory_guard" / "files" / "numafleet-guard"
-PACKAGE_FILES = ("guard", "guard_program", "guard_preflight", "guard_migrate", "cpulist", "errors")
+# The modules the memory_guard role installs (its vars): the launcher tests run exactly those, so a
+# module the program imports but the role leaves out fails here.
+PACKAGE_FILES = tuple(
+    name.removesuffix(".py")
+    for name in yaml.safe_load((REPO / "roles" / "memory_guard" / "vars" / "main.yml").read_text())[
+        "__memory_guard_modules"
+    ]
+)
 KV_LOW = "numafleet.slice/numafleet-kv-low.service"
 KV_HIGH = "numafleet.slice/numafleet-kv-high.service"
 
@@ -201,9 +209,7 @@ def test_usage_errors_exit_2(capsys):
     assert "invalid choice" in capsys.readouterr().err
 
 
-def test_migrate_act_parses_once_the_core_has_it(tmp_path):
-    if "migrate" not in guard.MODES:
-        pytest.skip("guard.MODES has no migrate yet (part C, h25-migrate, adds it)")
+def test_migrate_act_parses(tmp_path):
     s = _setup(tmp_path, act="migrate")
     assert gp.load_config(s.config_path).thresholds.mode == "migrate"
 
@@ -414,7 +420,7 @@ def test_a_failed_first_throttle_is_not_held(tmp_path):
     assert program.saved.state.throttled == () and program.saved.throttle_written == {}
 
 
-# --- migrate (guard_migrate and the spill helpers: part C) --------------------------------------
+# --- migrate (guard_migrate and the spill helpers) ---------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
@@ -457,9 +463,7 @@ def test_migrate_results(tmp_path, result, expected):
     assert gp.apply_action(_migrate_action(), s.host, None).result == expected
 
 
-def test_the_real_migrate_cgroup_is_called_when_it_exists(tmp_path):
-    if not (CORE / "guard_migrate.py").exists():
-        pytest.skip("guard_migrate.py is not here yet (part C, h25-migrate, writes it)")
+def test_the_real_migrate_cgroup_is_called(tmp_path):
     s = _setup(tmp_path)
     pid_file = s.cg(KV_LOW + "/cgroup.procs")
     pid_file.write_text(f"{os.getpid()}\n")  # this test's own process, node 1 -> node 0
@@ -468,8 +472,6 @@ def test_the_real_migrate_cgroup_is_called_when_it_exists(tmp_path):
 
 
 def test_spills_are_recorded_and_cleared_with_the_core_helpers(tmp_path):
-    if not hasattr(guard, "record_spill"):
-        pytest.skip("guard.record_spill/clear_spills are not here yet (part C, h25-migrate)")
     s = _setup(tmp_path)
     program = s.program()
     outcome = program.round()
@@ -748,14 +750,14 @@ def test_sigterm_ends_the_service_loop_cleanly(tmp_path):
 
 def _install(prefix: Path, leave_out: tuple = ()) -> list:
     """The role's layout under ``prefix``: sbin/numafleet-guard and lib/numafleet-guard/
-    numafleet_guard/ with the modules that exist here and an empty __init__.py."""
+    numafleet_guard/ with the role's modules (less ``leave_out``) and an empty __init__.py."""
     package = prefix / "lib" / "numafleet-guard" / "numafleet_guard"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("")
     copied = []
     for name in PACKAGE_FILES:
         source = CORE / f"{name}.py"
-        if source.exists() and name not in leave_out:
+        if name not in leave_out:
             shutil.copy(source, package / source.name)
             copied.append(name)
     (prefix / "sbin").mkdir()
@@ -778,7 +780,7 @@ def installed(tmp_path):
 
 
 def test_the_launcher_runs_the_copied_package(tmp_path, installed):
-    assert {"guard", "guard_program", "cpulist", "errors"} <= set(installed)
+    assert set(installed) == set(PACKAGE_FILES)
     s = _setup(tmp_path)
     argv = [str(tmp_path / "usr" / "local" / "sbin" / "numafleet-guard")]
     argv += ["once", "--config", s.config_path, "--json", "--sysfs-root", f"{s.root}/sys"]
@@ -813,8 +815,6 @@ def test_the_launcher_exit_code_for_a_bad_config(tmp_path, installed):
 
 
 def test_the_launcher_runs_preflight(tmp_path, installed):
-    if "guard_preflight" not in installed:
-        pytest.skip("guard_preflight.py is not here yet (part B, h25-preflight, writes it)")
     s = _setup(tmp_path)
     launcher = str(tmp_path / "usr" / "local" / "sbin" / "numafleet-guard")
     done = subprocess.run(
@@ -831,8 +831,6 @@ def test_the_launcher_runs_preflight(tmp_path, installed):
 
 
 def test_preflight_with_an_unreadable_config_exits_2(tmp_path, capsys):
-    if not (CORE / "guard_preflight.py").exists():
-        pytest.skip("guard_preflight.py is not here yet (part B, h25-preflight, writes it)")
     code = gp.main(["preflight", "--config", str(tmp_path / "absent.json"), "kv-low"])
     assert code == 2
     assert "absent.json: No such file or directory" in capsys.readouterr().out
@@ -857,16 +855,12 @@ def test_preflight_missing_from_the_package_exits_2(tmp_path):
 
 
 def test_preflight_refuses_an_unknown_placement(tmp_path):
-    if not (CORE / "guard_preflight.py").exists():
-        pytest.skip("guard_preflight.py is not here yet (part B, h25-preflight, writes it)")
     s = _setup(tmp_path)
     code = gp.main(["preflight", "--mode", "warn", "--config", s.config_path, "nope"])
     assert code == 2  # an unknown placement is a usage/config error (decision 6)
 
 
 def test_a_migrate_round_moves_records_and_clears_the_spill(tmp_path):
-    if "migrate" not in guard.MODES or not hasattr(guard, "record_spill"):
-        pytest.skip("guard has no migrate mode or spill helpers yet (part C, h25-migrate)")
     s = _setup(tmp_path, act="migrate")
     calls = []
 
