@@ -9,18 +9,25 @@ without swap, anonymous memory cannot be reclaimed, only throttled or moved.
   numa-bound is never acted on and keeps its memory on node 1 (off-node share < 2 %);
 - throttle: the guard lowers hog's memory.high, the kernel holds hog to it, and the guard writes
   the old value back (release) once node 1 is below warn - margin;
-- migrate: the guard moves hog's pages to node 0 (migrate_pages(2)), records it in its state file,
+- migrate (no swap; a hugepage pool holds part of node 1, so that node 0 can take hog below
+  warn): the guard moves hog's pages to node 0 (migrate_pages(2)), records it in its state file,
   and verify reports hog as spilled (a warning), not as a failure;
 - the journal has the structured lines, the textfile the crossing and the actions;
 - preflight (numafleet_preflight: enforce in molecule.yml): a unit whose anchor device is on
   another node than the plan says does not start, with a journal line naming the check; with the
   right plan it starts.
 
+The waits (grow hog, wait for an action, for the node to calm) run inside the guest as
+numafleet-guard-scene (tests/vm/workload/numafleet_guard_scene.py, installed by prepare.yml):
+testinfra's ansible connection costs a second or more per command on the emulated CPU, and a test
+that polled through it spent most of its time there.
+
 Written for `make vm` (not run by units). Figures go to reports/numa_vm/figures.json.
 """
 
 import base64
 import json
+import shlex
 import time
 
 import pytest
@@ -42,13 +49,15 @@ TEXTFILE_DIR = (
     "/var/lib/node_exporter/textfile"  # numafleet_memory_guard_textfile_dir (molecule.yml)
 )
 TEXTFILE = f"{TEXTFILE_DIR}/numafleet_guard.prom"
-GROW = "/run/numafleet-hog.mib"
+GROW = "/run/numafleet-hog.mib"  # numafleet-guard-scene's --grow-file default
+SCENE = "/usr/bin/python3 /usr/local/libexec/numafleet-guard-scene"  # put there by prepare.yml
 SWAP = "/var/tmp/numafleet-guard-test.swap"
 INTERVAL_S = 2
-MIGRATE_WARN_PCT = 88
 SCENE_VARS = {"numafleet_memory_guard_interval": INTERVAL_S}
 HOG_START_MIB = 32
 NODE = 1
+HOG_MIGRATE_MIB = 768  # hog's size when node 1 passes act in the migrate test (see there)
+POOL = f"/sys/devices/system/node/node{NODE}/hugepages/hugepages-2048kB/nr_hugepages"
 MIB = 1 << 20
 
 
@@ -64,7 +73,37 @@ def hog_placement() -> dict:
     }
 
 
-def wait_for(what: str, probe, timeout_s: float = 180, every_s: float = 1.0):
+def scene_cmd(host, *args, timeout_s: float = 120) -> dict:
+    """Run numafleet-guard-scene (tests/vm/workload/numafleet_guard_scene.py) in the guest.
+
+    Its polling loops run inside the guest: through testinfra's ansible connection each probe
+    would cost a second or more on the emulated CPU. Returns its JSON object (with ``since``, the
+    guest's clock); a wait that ran out fails the test with the guard's recent journal lines.
+    """
+    command = " ".join([SCENE, *(shlex.quote(str(a)) for a in args), "--timeout", str(timeout_s)])
+    result = host.run(command)
+    text = result.stdout.strip()
+    data = json.loads(text) if text.startswith("{") else {}
+    if result.rc != 0 or "error" in data:
+        if data.get("error"):
+            record(f"guard_failure_{args[0]}", data)
+        raise AssertionError(
+            f"{command}: {data.get('error') or result.stderr[-2000:]}\n"
+            f"{json.dumps(data.get('diagnosis'), indent=1)}"
+        )
+    return data
+
+
+def set_hog_mib(host, mib: int) -> None:
+    """Give hog a new MiB target; SIGUSR1 makes it read it at once (a throttled hog sleeps in
+    its page faults and would not look for a long time)."""
+    host.run(
+        f"echo {int(mib)} > {GROW} && kill -USR1"
+        f" $(systemctl show -p MainPID --value {unit('hog')}) 2>/dev/null"
+    )
+
+
+def wait_for(what: str, probe, timeout_s: float = 60, every_s: float = 1.0):
     """probe()'s first truthy value within timeout_s, else AssertionError naming `what`."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -75,20 +114,9 @@ def wait_for(what: str, probe, timeout_s: float = 180, every_s: float = 1.0):
     raise AssertionError(f"{what}: not within {timeout_s} s")
 
 
-def node_memory(host, node: int = NODE) -> dict:
-    """kB fields of node<N>/meminfo and the guard's used ratio (file LRU not counted as used)."""
-    fields = {}
-    text = host.file(f"/sys/devices/system/node/node{node}/meminfo").content_string
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) >= 4:
-            fields[parts[2].rstrip(":")] = int(parts[3])
-    used = (
-        fields["MemTotal"] - fields["MemFree"] - fields["Active(file)"] - fields["Inactive(file)"]
-    )
-    fields["used_kb"] = used
-    fields["ratio"] = round(used / fields["MemTotal"], 4)
-    return fields
+def node_ratio(host) -> float:
+    """Node 1's used ratio as the guard computes it (file LRU not counted as used)."""
+    return scene_cmd(host, "node")["node"]["ratio"]
 
 
 def cgroup_dir(host, name: str) -> str:
@@ -115,45 +143,6 @@ def offnode_share(host, name: str, node: int = NODE) -> float:
     return round(sum(v for n, v in by_node.items() if n != node) / total, 4) if total else 0.0
 
 
-def set_hog_mib(host, mib: int) -> None:
-    """Give hog a new target; SIGUSR1 makes it look at once (a throttled hog sleeps in its page
-    faults and would not read the file for a long time)."""
-    host.run_test(f"echo {int(mib)} > {GROW}")
-    pid = host.check_output(f"systemctl show -p MainPID --value {unit('hog')}")
-    if pid not in ("", "0"):
-        host.run(f"kill -USR1 {pid}")
-
-
-def hog_footprint_mib(host) -> int:
-    """hog's memory in MiB wherever it is: memory.current plus memory.swap.current."""
-    hog = cgroup_dir(host, "hog")
-    values = host.run(f"cat {hog}/memory.current {hog}/memory.swap.current").stdout.split()
-    return sum(int(v) for v in values) // MIB
-
-
-def grow_until(host, ratio: float, acted=None) -> int:
-    """Grow hog until node 1's used ratio reaches ``ratio``, or until ``acted()`` says the guard
-    already acted (it acts at 90 %, before the test's ratio: growing on after that would make
-    hog grow back where the guard just took memory away); the MiB target set.
-
-    Each step waits until hog holds what it was asked for (in memory or in swap) before it
-    measures again, so that a node the kernel's kswapd holds at its watermark does not make the
-    target run away into swap (a full swap file leaves nothing for the guard to reclaim).
-    """
-    target = int(host.check_output(f"cat {GROW} 2>/dev/null || echo {HOG_START_MIB}") or 0)
-    for dummy in range(20):
-        now = node_memory(host)
-        if now["ratio"] >= ratio or (acted is not None and acted()):
-            return target
-        target += int((ratio - now["ratio"]) * now["MemTotal"] / 1024) + 16
-        set_hog_mib(host, target)
-        deadline = time.monotonic() + 60  # a throttled hog grows slowly: measure anyway then
-        while hog_footprint_mib(host) < target - 32 and time.monotonic() < deadline:
-            time.sleep(1)  # 16 MiB chunks: within 32 MiB of the target is there
-        time.sleep(1)
-    raise AssertionError(f"node {NODE} did not reach {ratio:.0%}: {node_memory(host)}")
-
-
 def guard_config(host) -> dict:
     return json.loads(host.file(CONFIG).content_string)
 
@@ -170,23 +159,6 @@ def set_act(host, act: str) -> None:
     write_config(host, config)
 
 
-def journal(host, since: float) -> list:
-    """The guard's structured journal records since the epoch time ``since``."""
-    out = host.run(
-        f"journalctl -o json --no-pager SYSLOG_IDENTIFIER=numafleet-guard --since @{int(since)}"
-    ).stdout
-    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-
-
-def actions(host, since: float, action: str) -> list:
-    """The guard's ``action`` records since ``since`` that took effect (fully or partly)."""
-    return [
-        r
-        for r in journal(host, since)
-        if r.get("NUMAFLEET_ACTION") == action and r.get("NUMAFLEET_RESULT") in ("ok", "partial")
-    ]
-
-
 def textfile_value(host, prefix: str) -> float:
     for line in host.file(TEXTFILE).content_string.splitlines():
         if line.startswith(prefix):
@@ -194,36 +166,8 @@ def textfile_value(host, prefix: str) -> float:
     return 0.0
 
 
-def diagnosis(host, since: float) -> dict:
-    """What the guard did and saw since ``since``, for a failed wait's message."""
-    hog = cgroup_dir(host, "hog")
-    return {
-        "node1": {k: v for k, v in node_memory(host).items() if k in ("ratio", "MemFree")},
-        "hog memory.current/high": host.run(
-            f"cat {hog}/memory.current {hog}/memory.high"
-        ).stdout.split(),
-        "hog memory.events": host.run(f"cat {hog}/memory.events").stdout,
-        "swap": host.run("cat /proc/swaps").stdout,
-        "guard": [
-            (r.get("NUMAFLEET_ACTION"), r.get("NUMAFLEET_RESULT"), r.get("MESSAGE"))
-            for r in journal(host, since)
-        ][-12:],
-    }
-
-
 def state(host) -> dict:
     return json.loads(host.file(STATE).content_string)
-
-
-def calm_down(host) -> None:
-    """Shrink hog to its start size and wait until node 1 is back under warn - margin."""
-    set_hog_mib(host, HOG_START_MIB)
-    wait_for("node 1 back under 75 %", lambda: node_memory(host)["ratio"] < 0.75, 120)
-    wait_for(
-        "the guard's level for node 1 back to ok",
-        lambda: state(host)["levels"].get(str(NODE)) == "ok",
-        60,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -282,21 +226,16 @@ def test_reclaim_brings_the_node_back_and_spares_the_high_placement(host, scene)
     set_act(host, "reclaim")
     bound_before = numa_stat(host, "numa-bound")
     bound_pid = main_pid(host, "numa-bound")
-    since = time.time()
-    grow_until(host, 0.93, lambda: actions(host, since, "reclaim"))
-    over = node_memory(host)
-    reclaims = wait_for("a reclaim action on hog", lambda: actions(host, since, "reclaim"), 120)
-    after = wait_for(
-        "node 1 back under the act threshold",
-        lambda: (m := node_memory(host))["ratio"] < 0.90 and m,
-        120,
-    )
-    records = journal(host, since)
+    grown = scene_cmd(host, "grow", "--ratio", 0.93, "--action", "reclaim", timeout_s=300)
+    since = grown["since"]
+    reclaims = scene_cmd(host, "actions", "reclaim", "--since", since)["records"]
+    after = scene_cmd(host, "node-below", 0.90)["node"]
+    records = scene_cmd(host, "journal", "--since", since)["records"]
     levels = [r for r in records if r.get("NUMAFLEET_LEVEL") in ("warn", "act")]
     record(
         "guard_reclaim",
         {
-            "node1_ratio_over": over["ratio"],
+            "node1_ratio_over": grown["node"]["ratio"],
             "node1_ratio_after": after["ratio"],
             "actions": [
                 {k: r.get(k) for k in ("NUMAFLEET_PLACEMENT", "NUMAFLEET_AMOUNT_BYTES", "MESSAGE")}
@@ -322,7 +261,11 @@ def test_reclaim_brings_the_node_back_and_spares_the_high_placement(host, scene)
         )
         >= 1
     )
-    calm_down(host)
+    scene_cmd(host, "calm")
+
+
+def _bytes(text: str) -> int:
+    return 1 << 62 if text in ("", "max") else int(text)
 
 
 def test_throttle_lowers_memory_high_and_releases_it(host, scene):
@@ -333,30 +276,26 @@ def test_throttle_lowers_memory_high_and_releases_it(host, scene):
     set_act(host, "throttle")
     hog = cgroup_dir(host, "hog")
     assert host.file(f"{hog}/memory.high").content_string.strip() == "max"
-    since = time.time()
-    grow_until(host, 0.91, lambda: actions(host, since, "throttle"))
-    peak = int(host.file(f"{hog}/memory.current").content_string)
-    throttles = wait_for("a throttle action on hog", lambda: actions(host, since, "throttle"), 120)
-
-    def held():
-        high = host.file(f"{hog}/memory.high").content_string.strip()
-        current = int(host.file(f"{hog}/memory.current").content_string)
-        return high != "max" and current <= int(high) + 8 * MIB and (int(high), current)
-
-    try:
-        lowered, current = wait_for("hog held at its lowered memory.high", held, 120)
-    except AssertionError as exc:
-        record("guard_throttle_failure", diagnosis(host, since))
-        raise AssertionError(f"{exc}: {diagnosis(host, since)}") from None
-    assert lowered < peak
+    grown = scene_cmd(host, "grow", "--ratio", 0.91, "--action", "throttle", timeout_s=300)
+    since = grown["since"]
+    scene_cmd(host, "actions", "throttle", "--since", since)
+    held = scene_cmd(host, "held", "--since", since)
+    # every throttle lowered memory.high from what it was (max at first), and what holds hog now
+    # is the guard's last value (the kernel keeps memory.high in whole pages)
+    throttles = scene_cmd(host, "actions", "throttle", "--since", since)["records"]
+    assert throttles[0]["NUMAFLEET_BEFORE"] == "max", throttles[0]
+    for r in throttles:
+        assert int(r["NUMAFLEET_AFTER"]) < _bytes(r["NUMAFLEET_BEFORE"]), r
+    mine = [r for r in throttles if 0 <= int(r["NUMAFLEET_AFTER"]) - held["memory_high"] < 4096]
+    assert mine, (held, throttles)
     set_hog_mib(host, HOG_START_MIB)
-    releases = wait_for("a release action on hog", lambda: actions(host, since, "release"), 120)
+    releases = scene_cmd(host, "actions", "release", "--since", since)["records"]
     record(
         "guard_throttle",
         {
-            "hog_memory_current_peak": peak,
-            "memory_high_lowered_to": lowered,
-            "hog_memory_current_held": current,
+            "hog_memory_current_at_grow_end": grown["hog_current"],
+            "memory_high_lowered_to": held["memory_high"],
+            "hog_memory_current_held": held["memory_current"],
             "throttle_messages": [r["MESSAGE"] for r in throttles],
             "release_messages": [r["MESSAGE"] for r in releases],
         },
@@ -364,24 +303,29 @@ def test_throttle_lowers_memory_high_and_releases_it(host, scene):
     assert host.file(f"{hog}/memory.high").content_string.strip() == "max"
     assert {r["NUMAFLEET_PLACEMENT"] for r in throttles + releases} == {"hog"}
     assert offnode_share(host, "numa-bound") < 0.02
-    calm_down(host)
+    scene_cmd(host, "calm")
 
 
 def test_migrate_moves_the_low_placement_and_verify_reports_it_spilled(host, scene):
     # Without swap from here on: the kernel's kswapd then cannot hold node 1 at its watermark
     # by swapping hog out while it grows (hog is small again, so little comes back from swap).
     host.run_test(f"swapoff {SWAP}")
-    # hog's pages on node 1 (about 1.4 GiB at 92 %) are about 75 % of node 0: the guard moves
-    # them only to a node that stays below warn after the move, so warn is 88 % here
-    config = guard_config(host)
-    config["settings"].update(act="migrate", warn_pct=MIGRATE_WARN_PCT)
-    write_config(host, config)
-    since = time.time()
-    grow_until(host, 0.92, lambda: actions(host, since, "migrate"))
-    moves = wait_for("a migrate action on hog", lambda: actions(host, since, "migrate"), 120)
-    spilled = wait_for(
-        "hog recorded as spilled", lambda: state(host).get("spilled", {}).get("hog"), 60
-    )
+    # The guard moves a placement only to a node that stays below warn after the move. hog alone
+    # filling node 1 to 92 % would be about 1.5 GiB, more than node 0 (2 GiB) takes below 80 %;
+    # a hugepage pool on node 1 (memory the guard counts as used, as it is on hosts that reserve
+    # it) holds the rest, so hog is about HOG_MIGRATE_MIB when node 1 passes the act threshold.
+    node = scene_cmd(host, "node")["node"]
+    pool_before = int(host.file(POOL).content_string)
+    extra = max(0, (int(0.92 * node["MemTotal"] - node["used_kb"]) >> 10) - HOG_MIGRATE_MIB) // 2
+    set_act(host, "migrate")
+    host.run_test(f"echo {pool_before + extra} > {POOL}")
+    try:
+        pool = int(host.file(POOL).content_string)
+        grown = scene_cmd(host, "grow", "--ratio", 0.92, "--action", "migrate", timeout_s=300)
+        moves = scene_cmd(host, "actions", "migrate", "--since", grown["since"])["records"]
+        spilled = scene_cmd(host, "spilled", timeout_s=60)["spilled"]
+    finally:
+        host.run_test(f"echo {pool_before} > {POOL}")
     hog_share = offnode_share(host, "hog")
     # verify.yml with the scene's placements and the guard settings this test runs with
     proc, output, dummy = run_playbook(
@@ -389,13 +333,7 @@ def test_migrate_moves_the_low_placement_and_verify_reports_it_spilled(host, sce
         "-e",
         f"@{scene / 'guard.json'}",
         "-e",
-        json.dumps(
-            dict(
-                SCENE_VARS,
-                numafleet_memory_act="migrate",
-                numafleet_memory_warn_pct=MIGRATE_WARN_PCT,
-            )
-        ),
+        json.dumps(dict(SCENE_VARS, numafleet_memory_act="migrate")),
         "-e",
         f"numafleet_report_dir={scene}",
     )
@@ -405,10 +343,12 @@ def test_migrate_moves_the_low_placement_and_verify_reports_it_spilled(host, sce
     record(
         "guard_migrate",
         {
+            "node1_hugepages_held": {"asked": pool_before + extra, "got": pool},
+            "node1_ratio_over": grown["node"]["ratio"],
             "messages": [r["MESSAGE"] for r in moves],
             "spilled": spilled,
             "hog_offnode_share": hog_share,
-            "node1_ratio_after": node_memory(host)["ratio"],
+            "node1_ratio_after": node_ratio(host),
             "verify_hog": [(c["check"], c["status"], c.get("message")) for c in hog_checks],
             "verify_status": report["hosts"][HOST]["status"],
         },
