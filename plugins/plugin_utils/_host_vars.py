@@ -986,8 +986,10 @@ HOST_VARS = (
         "str",
         "reclaim",
         "What the memory guard does to a node's low, then normal placements at the act "
-        "threshold: reclaim (write memory.reclaim), throttle (lower memory.high until the node "
-        "is back under warn) or migrate (move their pages to the nearest node with room).",
+        "threshold: reclaim (write memory.reclaim; throttles instead on a host without free "
+        "swap, where reclaim cannot free anonymous memory), throttle (lower memory.high until "
+        "the node is back under warn) or migrate (move their pages to the nearest node with "
+        "room).",
         (SITE, VERIFY, DRIFT),
         choices=("reclaim", "throttle", "migrate"),
     ),

@@ -3,12 +3,14 @@
 Two placements on node 1: numa-bound (priority high, 256 MiB touched, MemoryLow= its 512M budget)
 and `hog` (priority low), whose workload grows on request (numafleet-touch --grow-file) until
 node 1 passes the act threshold. A swap file exists for the reclaim and throttle tests only:
-without swap, anonymous memory cannot be reclaimed, only throttled or moved.
+without swap, anonymous memory cannot be reclaimed, only throttled or moved (and the guard in
+mode reclaim throttles).
 
 - reclaim: the guard writes to hog's memory.reclaim; node 1 falls back under the act threshold;
   numa-bound is never acted on and keeps its memory on node 1 (off-node share < 2 %);
 - throttle: the guard lowers hog's memory.high, the kernel holds hog to it, and the guard writes
   the old value back (release) once node 1 is below warn - margin;
+- reclaim without swap: the guard throttles hog instead, and its journal line says why;
 - migrate (no swap; a hugepage pool holds part of node 1, so that node 0 can take hog below
   warn): the guard moves hog's pages to node 0 (migrate_pages(2)), records it in its state file,
   and verify reports hog as spilled (a warning), not as a failure;
@@ -306,10 +308,45 @@ def test_throttle_lowers_memory_high_and_releases_it(host, scene):
     scene_cmd(host, "calm")
 
 
+def swap_off(host) -> None:
+    """No swap from here on (hog is small again after calm, so little comes back from it)."""
+    if SWAP in host.run("swapon --show=NAME --noheadings").stdout:
+        host.run_test(f"swapoff {SWAP}")
+
+
+def test_reclaim_without_swap_throttles_and_says_why(host, scene):
+    """Most inference hosts have no swap: there memory.reclaim cannot free hog's anonymous
+    memory, so in mode reclaim the guard throttles, and its journal line says why."""
+    swap_off(host)
+    set_act(host, "reclaim")
+    grown = scene_cmd(host, "grow", "--ratio", 0.91, "--action", "throttle", timeout_s=300)
+    since = grown["since"]
+    throttles = scene_cmd(host, "actions", "throttle", "--since", since)["records"]
+    set_hog_mib(host, HOG_START_MIB)
+    releases = scene_cmd(host, "actions", "release", "--since", since)["records"]
+    records = scene_cmd(host, "journal", "--since", since)["records"]
+    record(
+        "guard_reclaim_without_swap",
+        {
+            "node1_ratio_over": grown["node"]["ratio"],
+            "throttle_messages": [r["MESSAGE"] for r in throttles],
+            "release_messages": [r["MESSAGE"] for r in releases],
+        },
+    )
+    assert {r["NUMAFLEET_PLACEMENT"] for r in throttles + releases} == {"hog"}
+    assert all(
+        "throttled, not reclaimed: no free swap (SwapFree 0 kB in /proc/meminfo)" in r["MESSAGE"]
+        for r in throttles
+    ), throttles
+    assert not [r for r in records if r.get("NUMAFLEET_ACTION") == "reclaim"]
+    assert offnode_share(host, "numa-bound") < 0.02
+    scene_cmd(host, "calm")
+
+
 def test_migrate_moves_the_low_placement_and_verify_reports_it_spilled(host, scene):
-    # Without swap from here on: the kernel's kswapd then cannot hold node 1 at its watermark
-    # by swapping hog out while it grows (hog is small again, so little comes back from swap).
-    host.run_test(f"swapoff {SWAP}")
+    # Without swap: the kernel's kswapd then cannot hold node 1 at its watermark by swapping
+    # hog out while it grows.
+    swap_off(host)
     # The guard moves a placement only to a node that stays below warn after the move. hog alone
     # filling node 1 to 92 % would be about 1.5 GiB, more than node 0 (2 GiB) takes below 80 %;
     # a hugepage pool on node 1 (memory the guard counts as used, as it is on hosts that reserve

@@ -712,6 +712,7 @@ def decide(
     state: GuardState,
     thresholds: Thresholds,
     reclaim_available: bool = True,
+    reclaim_blocked: str = "",
 ) -> Decision:
     """Actions, events and the next state of one round; pure.
 
@@ -721,8 +722,9 @@ def decide(
     low before normal, then most bytes on the node first; each asks for at most its bytes on the
     node, and all of one node's actions for at most min(excess over act_pct, max_step_bytes)
     bytes. ``high`` placements are never acted on. Mode reclaim (throttle when
-    ``reclaim_available`` is false: kernels before 5.19) or throttle (memory.high lowered, never
-    below min_high_bytes). Below warn_pct - release_margin_pct a node's throttled placements get
+    ``reclaim_available`` is false: a kernel before 5.19, or a host without free swap, where
+    reclaim cannot lower the used ratio; ``reclaim_blocked`` says which, in the throttle's reason)
+    or throttle (memory.high lowered, never below min_high_bytes). Below warn_pct - release_margin_pct a node's throttled placements get
     their memory.high back (release). A placement gets at most one action per round.
 
     Mode migrate: per acting node at most one placement (the first candidate in the order above
@@ -800,6 +802,7 @@ def decide(
             key=lambda m: (_RANK[by_spec[m.name].priority], -m.bytes_on(node.id), m.name),
         )
         mode = t.mode if reclaim_available or t.mode != "reclaim" else "throttle"
+        fallback = ""
         if mode == "migrate":
             chosen = _migrate_choice(node, candidates, nodes, incoming, t)
             if chosen is not None:
@@ -825,6 +828,7 @@ def decide(
                 count(node.id, "migrate", memory.name)
                 continue
             mode = "reclaim" if reclaim_available else "throttle"  # no node has room
+            fallback = "no node has room to take it below warn"
         for memory in candidates:
             if budget <= 0:
                 break
@@ -834,6 +838,12 @@ def decide(
                 f"{by_spec[memory.name].priority} priority, {memory.bytes_on(node.id)} bytes "
                 "on the node"
             )
+            if fallback:
+                why += f"; {fallback}"
+            if mode == "throttle" and t.mode != "throttle":
+                why += "; throttled, not reclaimed: " + (
+                    reclaim_blocked or "this kernel has no memory.reclaim (Linux before 5.19)"
+                )
             if mode == "reclaim":
                 action = Action(
                     node.id,
@@ -1156,6 +1166,7 @@ def run_round(
     cgroup_root: str = "/sys/fs/cgroup",
     hugepage_sizes_kb: tuple = DEFAULT_HUGEPAGE_SIZES_KB,
     reclaim_available: bool = True,
+    reclaim_blocked: str = "",
 ) -> Round:
     """One guard round: read nodes and placements, decide, render the textfile.
 
@@ -1163,6 +1174,8 @@ def run_round(
     """
     nodes, node_warnings = read_nodes(read, sysfs_root, hugepage_sizes_kb)
     placements, cgroup_warnings = read_placements(read, specs, cgroup_root)
-    decision = decide(nodes, placements, specs, state, thresholds, reclaim_available)
+    decision = decide(
+        nodes, placements, specs, state, thresholds, reclaim_available, reclaim_blocked
+    )
     textfile = as_textfile(nodes, placements, specs, decision.state, now)
     return Round(nodes, placements, decision, tuple(node_warnings + cgroup_warnings), textfile)

@@ -46,7 +46,9 @@ Files:
 Applying (``Action.path`` is relative to the cgroup root):
 
 - reclaim: the byte count into ``memory.reclaim``; EAGAIN (the kernel reclaimed less than
-  asked) is a partial success, logged with the ``memory.current`` after.
+  asked) is a partial success, logged with the ``memory.current`` after. Where reclaim cannot
+  lower the used ratio (no memory.reclaim, or ``SwapFree: 0 kB`` in /proc/meminfo: see
+  ``reclaim_blocker``) the core throttles instead and says why in the action's reason.
 - throttle: the new limit into ``memory.high``; the guard keeps the value it wrote. While it
   holds a throttle and finds ``memory.high`` looser than that value (systemd re-applies a unit's
   MemoryHigh= at daemon-reload), it writes its value again.
@@ -413,6 +415,7 @@ class Host:
 
     sysfs_root: str = "/sys"
     cgroup_root: str = "/sys/fs/cgroup"
+    procfs_root: str = "/proc"
     read: guard.Reader = guard.read_path
     write: Writer = write_file
     write_atomic: Callable[[str, str], None] = write_atomic
@@ -727,6 +730,35 @@ def reclaim_available(cgroup_root: str, specs: tuple) -> bool:
     return not seen_cgroup
 
 
+def swap_free_kb(read: guard.Reader, procfs_root: str) -> Optional[int]:
+    """SwapFree of ``<procfs_root>/meminfo`` in kB; None when the file or the line is missing."""
+    text = read(f"{procfs_root}/meminfo")
+    for line in (text or "").splitlines():
+        key, dummy, value = line.partition(":")
+        if key == "SwapFree":
+            fields = value.split()
+            return int(fields[0]) if fields and fields[0].isdigit() else None
+    return None
+
+
+def reclaim_blocker(host: Host, specs: tuple) -> str:
+    """Why memory.reclaim cannot lower a node's used ratio on this host, or "" when it can.
+
+    The used ratio leaves file pages out (MemTotal - MemFree - file LRU), so what reclaim can
+    lower it by is anonymous memory, and the kernel reclaims that only into swap: with no free
+    swap (``SwapFree: 0 kB`` in /proc/meminfo: no swap, or all of it in use) a write to
+    memory.reclaim ends in EAGAIN having freed nothing that counts. The guard then throttles.
+    """
+    if not reclaim_available(host.cgroup_root, specs):
+        return "this kernel has no memory.reclaim (Linux before 5.19)"
+    if swap_free_kb(host.read, host.procfs_root) == 0:
+        return (
+            "no free swap (SwapFree 0 kB in /proc/meminfo): the kernel cannot reclaim anonymous "
+            "memory, and file pages do not count as used"
+        )
+    return ""
+
+
 @dataclass(frozen=True)
 class Outcome:
     """One applied round: the core's Round, the writes and the state carried on."""
@@ -752,6 +784,7 @@ def apply_round(config: Config, saved: Saved, host: Host) -> Outcome:
     """Read, decide, write the actions, render the textfile; pure of files other than the
     actions' (the caller writes the state and textfile). Raises GuardError from reading."""
     now = host.clock()
+    blocked = reclaim_blocker(host, config.specs) if config.thresholds.mode != "throttle" else ""
     round_ = guard.run_round(
         host.read,
         config.specs,
@@ -760,7 +793,8 @@ def apply_round(config: Config, saved: Saved, host: Host) -> Outcome:
         now,
         sysfs_root=host.sysfs_root,
         cgroup_root=host.cgroup_root,
-        reclaim_available=reclaim_available(host.cgroup_root, config.specs),
+        reclaim_available=not blocked,
+        reclaim_blocked=blocked,
     )
     applied = []
     for action in round_.decision.actions:
@@ -897,6 +931,7 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--cgroup-root", default="/sys/fs/cgroup", help="cgroup v2 root (%(default)s)"
         )
+        p.add_argument("--procfs-root", default="/proc", help="procfs to read (%(default)s)")
         p.add_argument(
             "--journal-socket",
             default=JOURNAL_SOCKET,
@@ -930,7 +965,12 @@ def _preflight(rest: list, err) -> int:
 
 
 def _host(args, journal) -> Host:
-    return Host(sysfs_root=args.sysfs_root, cgroup_root=args.cgroup_root, journal=journal)
+    return Host(
+        sysfs_root=args.sysfs_root,
+        cgroup_root=args.cgroup_root,
+        procfs_root=args.procfs_root,
+        journal=journal,
+    )
 
 
 def main(argv: Optional[list] = None, host: Optional[Host] = None, stop=None, out=None) -> int:

@@ -108,6 +108,7 @@ def _setup(tmp_path, scenario="guest-over-act", write=gp.write_file, **settings)
     host = gp.Host(
         sysfs_root=f"{root}/sys",
         cgroup_root=f"{root}/sys/fs/cgroup",
+        procfs_root=f"{root}/proc",  # no meminfo there unless a test writes one: swap unknown
         write=write,
         journal=journal,
         clock=clock,
@@ -785,6 +786,7 @@ def test_the_launcher_runs_the_copied_package(tmp_path, installed):
     argv = [str(tmp_path / "usr" / "local" / "sbin" / "numafleet-guard")]
     argv += ["once", "--config", s.config_path, "--json", "--sysfs-root", f"{s.root}/sys"]
     argv += ["--cgroup-root", f"{s.root}/sys/fs/cgroup", "--journal-socket", ""]
+    argv += ["--procfs-root", f"{s.root}/proc"]  # swap unknown there: reclaim as configured
     for dummy in range(2):
         done = subprocess.run(
             argv, env=_launcher_env(), capture_output=True, text=True, timeout=60, check=False
@@ -899,6 +901,54 @@ def test_without_memory_reclaim_the_program_throttles(tmp_path):
     assert s.cg(KV_LOW + "/memory.high").read_text() == f"{item.action.value}\n"
     record = s.journal.records[-1]
     assert (record["NUMAFLEET_BEFORE"], record["NUMAFLEET_AFTER"]) == ("max", item.action.value)
+
+
+def _proc_meminfo(s: Setup, swap_free_kb: int) -> None:
+    """/proc/meminfo in the kernel's layout (values in kB), with the given SwapFree."""
+    path = Path(s.root) / "proc" / "meminfo"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = [
+        ("MemTotal", 4012572),
+        ("MemFree", 276112),
+        ("SwapCached", 0),
+        ("SwapTotal", 786428 if swap_free_kb else 0),
+        ("SwapFree", swap_free_kb),
+        ("Zswap", 0),
+    ]
+    path.write_text("".join(f"{k + ':':<16}{v:>8} kB\n" for k, v in rows), encoding="ascii")
+
+
+@pytest.mark.parametrize(
+    ("act", "swap_free_kb", "expected"),
+    [
+        ("reclaim", 0, "throttle"),
+        ("reclaim", 786428, "reclaim"),
+        ("throttle", 786428, "throttle"),
+    ],
+)
+def test_reclaim_without_free_swap_throttles_and_says_why(tmp_path, act, swap_free_kb, expected):
+    s = _setup(tmp_path, act=act)
+    _proc_meminfo(s, swap_free_kb)
+    program = s.program()
+    program.round()
+    [item] = program.round().applied
+    assert (item.action.action, item.action.placement) == (expected, "kv-low")
+    blocked = "throttled, not reclaimed: no free swap (SwapFree 0 kB in /proc/meminfo)"
+    assert (blocked in item.action.reason) == (act == "reclaim" and not swap_free_kb)
+    assert (blocked in s.journal.records[-1]["MESSAGE"]) == (blocked in item.action.reason)
+
+
+def test_swap_free_is_read_from_meminfo_and_unknown_when_missing(tmp_path):
+    s = _setup(tmp_path)
+    assert gp.swap_free_kb(s.host.read, s.host.procfs_root) is None
+    assert gp.reclaim_blocker(s.host, gp.load_config(s.config_path).specs) == ""
+    _proc_meminfo(s, 1234)
+    assert gp.swap_free_kb(s.host.read, s.host.procfs_root) == 1234
+    _proc_meminfo(s, 0)
+    assert "no free swap" in gp.reclaim_blocker(s.host, gp.load_config(s.config_path).specs)
+    for path in Path(s.root, "sys", "fs", "cgroup").rglob("memory.reclaim"):
+        path.unlink()  # a kernel before 5.19 says so first
+    assert "Linux before 5.19" in gp.reclaim_blocker(s.host, gp.load_config(s.config_path).specs)
 
 
 def test_a_second_guard_is_refused_while_one_holds_the_lock(tmp_path, capsys):

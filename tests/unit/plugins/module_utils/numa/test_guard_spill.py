@@ -162,6 +162,26 @@ def test_no_room_anywhere_falls_back_to_reclaim_or_throttle(available, fallback)
     pairs = [placement("big", {1: 500 * MIB}, "low")]
     (action,) = decide(nodes, pairs, reclaim_available=available).actions
     assert (action.action, action.placement) == (fallback, "big")
+    assert action.reason.endswith("bytes on the node; no node has room to take it below warn") == (
+        available
+    )
+    assert ("throttled, not reclaimed: this kernel has no memory.reclaim" in action.reason) == (
+        not available
+    )
+
+
+def test_a_blocked_reclaim_names_its_cause_in_the_throttle_reason():
+    nodes = [node(0, 79.5), node(1, 95.0)]
+    pairs = [placement("big", {1: 500 * MIB}, "low")]
+    t = guard.Thresholds(act_rounds=1, mode="reclaim")
+    memories = tuple(m for dummy, m in pairs)
+    specs = tuple(spec for spec, dummy in pairs)
+    why = "no free swap (SwapFree 0 kB in /proc/meminfo)"
+    decision = guard.decide(tuple(nodes), memories, specs, guard.GuardState(), t, False, why)
+    (action,) = decision.actions
+    assert action.action == "throttle"
+    assert action.reason.endswith(f"; throttled, not reclaimed: {why}")
+    assert "no node has room" not in action.reason  # reclaim was the mode, not a fallback
 
 
 def test_two_hot_nodes_do_not_overfill_one_target():
