@@ -724,8 +724,9 @@ def decide(
     bytes. ``high`` placements are never acted on. Mode reclaim (throttle when
     ``reclaim_available`` is false: a kernel before 5.19, or a host without free swap, where
     reclaim cannot lower the used ratio; ``reclaim_blocked`` says which, in the throttle's reason)
-    or throttle (memory.high lowered, never below min_high_bytes). Below warn_pct - release_margin_pct a node's throttled placements get
-    their memory.high back (release). A placement gets at most one action per round.
+    or throttle (memory.high lowered, never below min_high_bytes). Below
+    warn_pct - release_margin_pct a node's throttled placements get their memory.high back
+    (release). A placement gets at most one action per round.
 
     Mode migrate: per acting node at most one placement (the first candidate in the order above
     for which a target exists) has all its bytes on the node moved at once (not bounded by
